@@ -206,12 +206,10 @@ int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, i
 
 /* The rows [0, n) of a cache with a window W that are an unwindowed cache's: those before W,
    which attend to every row before them (the window is the last W positions, a row's own
-   included), while the ring still holds them (nothing written past its capacity yet); n
-   itself without a window. */
+   included); n itself without a window. (Whether the ring still holds them is the offer's
+   check of each row's entry.) */
 static int window_rows(const tl_kv_cache *cache, int n) {
-    if (cache->window <= 0) return n;
-    if (cache->length > cache->capacity) return 0;
-    return n < cache->window ? n : cache->window;
+    return cache->window > 0 && n > cache->window ? cache->window : n;
 }
 
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
@@ -235,8 +233,8 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
                           const tl_kv_cache *cache) {
     if (!pool || n < 1 || cache->length < n) return;
     n = window_rows(cache, n);
-    /* (a ring's row may hold a later entry: a speculative cycle's drafts wrap past the
-       capacity and are rolled back, the length below it again) */
+    /* (a ring's row may hold a later entry: once it has written past its capacity, or where a
+       speculative cycle's drafts wrapped past it and were rolled back, the length below it again) */
     for (int j = 0; j < n; j++) {
         const int row = tl_kv_row(cache, j);
         if (cache->depth[row] != loops || cache->logical[row] != j) {

@@ -299,18 +299,16 @@ static bool prefill_not_begun(const tl_session *s) {
            s->t_prefill_start <= 0 && !s->prompt_done && !s->rows_from_bytes && s->cfg.max_tokens > 0;
 }
 
-void tl_session_take_prefix_late(tl_session *s) {
-    if (!prefill_not_begun(s)) return;
-    const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed);
-    if (offered <= s->cache->length) return;
-    tl_kv_cache_empty(s->cache); /* (pages of the pool's only: let go, then the longer prefix shared) */
-    tl_session_take_prefix(s);
-}
-
 int tl_session_prefix_reach(const tl_session *s) {
     if (!prefill_not_begun(s)) return -1;
     const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed);
     return offered > s->cache->length ? offered : s->cache->length;
+}
+
+void tl_session_take_prefix_late(tl_session *s) {
+    if (tl_session_prefix_reach(s) <= s->cache->length) return; /* (-1: not such a session) */
+    tl_kv_cache_empty(s->cache); /* (pages of the pool's only: let go, then the longer prefix shared) */
+    tl_session_take_prefix(s);
 }
 
 int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *running) {

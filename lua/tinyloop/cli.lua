@@ -443,12 +443,12 @@ local function fit_max_tokens(model, prompt, cfg)
     local ids = type(prompt) == "table" and prompt or model:encode(prompt)
     if not ids then return end
     local room = model:info().max_seq_len - #ids
-    local want = math.max(cfg.max_tokens or default_max_tokens(), cfg.min_tokens or 0)
-    if room >= 1 and (cfg.min_tokens or 0) > room then -- (the engine named the -n it was given)
+    if room < 1 then return true end
+    if (cfg.min_tokens or 0) > room then -- (the engine named the -n it was given)
         return nil, ("--min-tokens = %d: the context (max_seq_len = %d) leaves room for %d tokens after the prompt's %d")
             :format(cfg.min_tokens, room + #ids, room, #ids)
     end
-    if room >= 1 then cfg.max_tokens = math.min(want, room) end
+    cfg.max_tokens = math.min(math.max(cfg.max_tokens or default_max_tokens(), cfg.min_tokens or 0), room)
     return true
 end
 

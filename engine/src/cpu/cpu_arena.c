@@ -147,15 +147,18 @@ static bool trim_block(block_header *h, size_t bytes) {
     return trimmable(h, bytes, &from, &to) && madvise((void *)from, (size_t)(to - from), MADV_DONTNEED) == 0;
 }
 
-/* Zeroes a free block for its next use: a trimmed one's given-back pages read as zero. */
-static void zero_block(block_header *h, size_t bytes) {
+/* Zeroes a free block's buffer (past its header) for its next use: a trimmed one's
+   given-back pages read as zero. */
+static void zero_buffer(block_header *h, size_t bytes) {
+    uint8_t *buffer = (uint8_t *)h + HEADER;
     uintptr_t from, to;
     if (h->trimmed && trimmable(h, bytes, &from, &to)) {
-        memset(h, 0, (size_t)(from - (uintptr_t)h));
+        memset(buffer, 0, (size_t)(from - (uintptr_t)buffer));
         memset((void *)to, 0, (size_t)((uintptr_t)h + bytes - to));
     } else {
-        memset(h, 0, bytes);
+        memset(buffer, 0, bytes - HEADER);
     }
+    h->trimmed = 0;
 }
 
 static void unlink_free(size_class *c, block_header *h) {
@@ -189,9 +192,7 @@ static block_header *arena_block(tl_cpu_arena *a, size_t bytes) {
         h = a->classes[c].free_list;
         unlink_free(&a->classes[c], h);
         a->idle_bytes -= resident_bytes(h, bytes);
-        const uint32_t k = h->chunk;
-        zero_block(h, bytes);
-        h->chunk = k;
+        zero_buffer(h, bytes);
     } else if (c >= 0 && ((a->current >= 0 && CHUNK_BYTES - a->chunks[a->current].used >= bytes) || next_chunk(a))) {
         chunk *ch = &a->chunks[a->current];
         h = (block_header *)(ch->base + ch->used); /* fresh (or given back) pages: zero */
