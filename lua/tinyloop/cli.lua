@@ -440,8 +440,9 @@ end
 -- cannot be encoded, or leaves no room, is left to the engine to refuse. -> true | nil, err
 -- (a --min-tokens past the room).
 local function fit_max_tokens(model, prompt, cfg)
-    local ids = type(prompt) == "table" and prompt or model:encode(prompt)
-    if not ids then return end
+    local encoded, ids = true, prompt
+    if type(prompt) ~= "table" then encoded, ids = attempt(model.encode, model, prompt) end
+    if not encoded or not ids then return true end
     local room = model:info().max_seq_len - #ids
     if room < 1 then return true end
     if (cfg.min_tokens or 0) > room then -- (the engine named the -n it was given)
