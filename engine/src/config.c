@@ -419,6 +419,102 @@ static int check_json_bytes(const char *text, size_t len, char *why, size_t why_
     return 0;
 }
 
+/* cJSON returns NULL both for text it refuses and for a malloc that failed: "not valid JSON"
+   for a good tokenizer.json under a memory limit sent a user to replace a good file (and the
+   server answered a request's schema 400). This recognizer allocates nothing and accepts no
+   more than cJSON does (RFC 8259's grammar, at most CJSON_NESTING_LIMIT - 1 open containers,
+   numbers of at most 63 bytes, cJSON's buffer for one, \u escapes whose surrogates pair up):
+   text it accepts that cJSON refused was refused for want of memory. Bytes after the first
+   value are not read, as cJSON does not. */
+bool tl_json_value_parses(const char *text, size_t len) {
+    unsigned char is_object[(CJSON_NESTING_LIMIT + 7) / 8] = {0}; /* a bit per open container */
+    int depth = 0;
+    size_t i = 0;
+    bool reading_key = false;
+#define SKIP_BLANKS() while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r')) i++
+#define HEX4_AT(k) (k + 4 <= len && isxdigit((unsigned char)text[k]) && isxdigit((unsigned char)text[k + 1]) && \
+                    isxdigit((unsigned char)text[k + 2]) && isxdigit((unsigned char)text[k + 3]))
+    for (;;) {
+        /* a value */
+        SKIP_BLANKS();
+        if (i >= len) return false;
+        const char c = text[i];
+        if (c == '{' || c == '[') {
+            if (depth >= CJSON_NESTING_LIMIT - 1) return false;
+            if (c == '{') is_object[depth / 8] |= (unsigned char)(1u << depth % 8);
+            else is_object[depth / 8] &= (unsigned char)~(1u << depth % 8);
+            depth++;
+            i++;
+            SKIP_BLANKS();
+            if (i < len && text[i] == (c == '{' ? '}' : ']')) { depth--, i++; goto after_value; }
+            if (c == '[') continue;
+            goto key;
+        } else if (c == '"') {
+            goto string;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            const size_t n = json_number_length(text + i, len - i);
+            if (n == 0 || n > 63) return false;
+            i += n;
+        } else {
+            static const char *const words[3] = {"true", "false", "null"};
+            size_t n = 0;
+            for (int w = 0; w < 3 && n == 0; w++)
+                if (len - i >= strlen(words[w]) && memcmp(text + i, words[w], strlen(words[w])) == 0) n = strlen(words[w]);
+            if (n == 0) return false;
+            i += n;
+        }
+        goto after_value;
+    key:
+        if (i >= len || text[i] != '"') return false;
+        reading_key = true;
+    string: /* text[i] is the opening quote */
+        for (i++;; i++) {
+            if (i >= len || (unsigned char)text[i] < 0x20) return false;
+            if (text[i] == '"') break;
+            if (text[i] != '\\') continue;
+            if (++i >= len) return false;
+            if (text[i] == 'u') {
+                if (!HEX4_AT(i + 1)) return false;
+                const unsigned long unit = strtoul((char[5]){text[i + 1], text[i + 2], text[i + 3], text[i + 4], 0}, NULL, 16);
+                i += 4;
+                if (unit >= 0xDC00 && unit <= 0xDFFF) return false;
+                if (unit >= 0xD800 && unit <= 0xDBFF) {
+                    if (!(i + 2 < len && text[i + 1] == '\\' && text[i + 2] == 'u' && HEX4_AT(i + 3))) return false;
+                    const unsigned long low =
+                        strtoul((char[5]){text[i + 3], text[i + 4], text[i + 5], text[i + 6], 0}, NULL, 16);
+                    if (low < 0xDC00 || low > 0xDFFF) return false;
+                    i += 6;
+                }
+            } else if (!memchr("\"\\/bfnrt", text[i], 8)) {
+                return false;
+            }
+        }
+        i++;
+        if (reading_key) { /* its colon, then the member's value */
+            reading_key = false;
+            SKIP_BLANKS();
+            if (i >= len || text[i] != ':') return false;
+            i++;
+            continue;
+        }
+    after_value:
+        SKIP_BLANKS();
+        if (depth == 0) return true;
+        const bool in_object = is_object[(depth - 1) / 8] >> (depth - 1) % 8 & 1;
+        if (i >= len) return false;
+        if (text[i] == ',') {
+            i++;
+            if (in_object) { SKIP_BLANKS(); goto key; }
+            continue;
+        }
+        if (text[i] != (in_object ? '}' : ']')) return false;
+        depth--, i++;
+        goto after_value;
+    }
+#undef HEX4_AT
+#undef SKIP_BLANKS
+}
+
 int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
     *out = NULL;
     /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
@@ -428,6 +524,8 @@ int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *w
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
+        if (check_json_bytes(text, len, why, why_len) == 0 && tl_json_value_parses(text, len))
+            return snprintf(why, why_len, "out of memory while reading %zu bytes of JSON", len), -2;
         size_t pos = end && end >= text && end <= text + len ? (size_t)(end - text) : 0, line, column;
         line_column(text, pos, &line, &column);
         return snprintf(why, why_len, "not valid JSON (error near line %zu, column %zu)", line, column), -1;

@@ -23,7 +23,12 @@ static tl_status token_id(const cJSON *root, const char *name, int vocab, int *o
         if (!wrapper) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         const cJSON *first = cJSON_GetArrayItem(item, 0);
         if (first) {
-            cJSON_AddItemToObject(wrapper, name, cJSON_Duplicate(first, true));
+            cJSON *copy = cJSON_Duplicate(first, true);
+            if (!copy || !cJSON_AddItemToObject(wrapper, name, copy)) { /* (else read as missing) */
+                cJSON_Delete(copy);
+                cJSON_Delete(wrapper);
+                return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+            }
             st = tl_hf_int(wrapper, name, false, 0, vocab - 1, out);
         }
         cJSON_Delete(wrapper);

@@ -160,6 +160,9 @@ struct cJSON;
 int tl_json_read_strict(const char *text, size_t len, struct cJSON **out, char *why, size_t why_len);
 /* The same rules for a value of any kind at the top (a JSON Schema may be true or false). */
 int tl_json_read_value_strict(const char *text, size_t len, struct cJSON **out, char *why, size_t why_len);
+/* Whether text starts with one JSON value cJSON would read, given the memory: what tells its
+   refusal from a failed malloc (both a NULL). Allocates nothing; never true where cJSON refuses. */
+bool tl_json_value_parses(const char *text, size_t len);
 /* config.json's text (NUL-terminated) read so, failing with TL_ERR_FORMAT "config.json: ...". */
 tl_status tl_config_json_read(const char *json_text, struct cJSON **out);
 /* tl_config_parse's second half: the fields of a config.json already read. */

@@ -77,6 +77,22 @@ static bool keep_made(conv *c, cJSON *node) {
     return true;
 }
 
+/* cJSON_AddItemReferenceToObject, without its leak: it loses the reference it made when
+   copying the key fails (cJSON 1.7.15; out of memory). The reference made in an array, where
+   no key is copied, then moved to the object, freed here where that fails. */
+static bool add_reference_to_object(cJSON *object, const char *key, const cJSON *item) {
+    cJSON *scratch = cJSON_CreateArray();
+    if (!scratch || !cJSON_AddItemReferenceToArray(scratch, (cJSON *)item)) {
+        cJSON_Delete(scratch);
+        return false;
+    }
+    cJSON *reference = cJSON_DetachItemFromArray(scratch, 0);
+    cJSON_Delete(scratch);
+    if (cJSON_AddItemToObject(object, key, reference)) return true;
+    cJSON_Delete(reference); /* (a reference: the item it names stays) */
+    return false;
+}
+
 #define MAX_ONEOF_CHECKS ((int64_t)1 << 22)
 
 static int fail(conv *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1204,10 +1220,10 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             qsort(missing, (size_t)m, sizeof *missing, by_index);
         }
         for (const cJSON *p = props ? props->child : NULL; ok && p; p = p->next)
-            ok = cJSON_AddItemReferenceToObject(declared, p->string, (cJSON *)p);
+            ok = add_reference_to_object(declared, p->string, p);
         for (int k = 0; ok && k < m; k++) {
             ok = additional && cJSON_IsObject(additional)
-                     ? cJSON_AddItemReferenceToObject(declared, missing[k].name, (cJSON *)additional)
+                     ? add_reference_to_object(declared, missing[k].name, additional)
                      : cJSON_AddObjectToObject(declared, missing[k].name) != NULL;
         }
         free(missing);
@@ -1588,12 +1604,16 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
            their schemas: refused rather than one branch's kept (the other's constraints,
            a minimum, additionalProperties false, were silently dropped). */
         for (const cJSON *q = p ? p->child : NULL; q; q = q->next)
-            if (!cJSON_AddItemReferenceToObject(props, q->string, (cJSON *)q)) {
+            if (!add_reference_to_object(props, q->string, q)) {
                 r = out_of_memory(c, path);
                 goto done;
             }
         const cJSON *rq = cJSON_GetObjectItemCaseSensitive(s, "required");
-        for (const cJSON *q = rq ? rq->child : NULL; q; q = q->next) cJSON_AddItemReferenceToArray(req, (cJSON *)q);
+        for (const cJSON *q = rq ? rq->child : NULL; q; q = q->next)
+            if (!cJSON_AddItemReferenceToArray(req, (cJSON *)q)) { /* (a required name lost: a wider grammar) */
+                r = out_of_memory(c, path);
+                goto done;
+            }
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
         if (a && additional) {
             r = fail(c, path, "%s", "allOf: additionalProperties in more than one branch is not supported");

@@ -444,21 +444,26 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
     return TL_OK;
 }
 
-static void add_entry(cJSON *header, const char *name, const char *dtype, int64_t rows, int64_t cols,
+static bool add_number(cJSON *array, double value) {
+    cJSON *number = cJSON_CreateNumber(value);
+    return number && cJSON_AddItemToArray(array, number);
+}
+
+/* false: out of memory (cJSON's Add and Create functions return NULL or false then, and a
+   header that lost an entry, a shape's dimension or an offset was written as if whole) */
+static bool add_entry(cJSON *header, const char *name, const char *dtype, int64_t rows, int64_t cols,
                       int ndim, const int64_t *shape, uint64_t *offset, uint64_t bytes) {
     cJSON *e = cJSON_AddObjectToObject(header, name);
-    cJSON_AddStringToObject(e, "dtype", dtype);
-    cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+    cJSON *sh = e && cJSON_AddStringToObject(e, "dtype", dtype) ? cJSON_AddArrayToObject(e, "shape") : NULL;
+    bool ok = sh != NULL;
     if (shape)
-        for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shape[i]));
-    else {
-        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)rows));
-        cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)cols));
-    }
-    cJSON *off = cJSON_AddArrayToObject(e, "data_offsets");
-    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)*offset));
-    cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(*offset + bytes)));
+        for (int i = 0; ok && i < ndim; i++) ok = add_number(sh, (double)shape[i]);
+    else
+        ok = ok && add_number(sh, (double)rows) && add_number(sh, (double)cols);
+    cJSON *off = ok ? cJSON_AddArrayToObject(e, "data_offsets") : NULL;
+    ok = off && add_number(off, (double)*offset) && add_number(off, (double)(*offset + bytes));
     *offset += bytes;
+    return ok;
 }
 
 /* The calibration must be of this checkpoint: each of its tensors exists here with its
@@ -577,33 +582,33 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     /* The header first (offsets follow from the shapes), then the data in the same order. */
     cJSON *header = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(header, "__metadata__");
-    cJSON_AddStringToObject(meta, "format", "pt");
-    cJSON_AddStringToObject(meta, "tinyloop_quantization", want == TL_Q8 ? "q8" : "q4");
+    bool whole = meta && cJSON_AddStringToObject(meta, "format", "pt") &&
+                 cJSON_AddStringToObject(meta, "tinyloop_quantization", want == TL_Q8 ? "q8" : "q4");
     if (cal) { /* how the file was made, for whoever reads it later */
         char how[1024];
         snprintf(how, sizeof how, "%s, %ld calibration tokens%s%s",
                  tl_calibration_gram(cal, tl_calibration_name(cal, 0)) ? "gptq" : "importance-weighted",
                  tl_calibration_tokens(cal), tl_calibration_text(cal)[0] ? " of " : "", tl_calibration_text(cal));
-        cJSON_AddStringToObject(meta, "tinyloop_calibration", how);
+        whole = whole && cJSON_AddStringToObject(meta, "tinyloop_calibration", how);
     }
     uint64_t offset = 0;
     for (int i = 0; i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
         if (unread_head(t, tied)) continue;
         if (!quantisable(t)) {
-            add_entry(header, t->name, tl_st_dtype_name(t->dtype), 0, 0, t->ndim, t->shape, &offset, t->nbytes);
+            whole = whole && add_entry(header, t->name, tl_st_dtype_name(t->dtype), 0, 0, t->ndim, t->shape, &offset, t->nbytes);
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
         const tl_dtype type = type_for(t, want, pure);
         char scale_name[512];
         snprintf(scale_name, sizeof scale_name, "%s" TL_ST_SCALE_SUFFIX, t->name);
-        add_entry(header, t->name, type == TL_Q8 ? "I8" : "U8", rows, type == TL_Q8 ? cols : cols / 2, 0, NULL,
-                  &offset, (uint64_t)(rows * (type == TL_Q8 ? cols : cols / 2)));
-        add_entry(header, scale_name, "F16", rows, cols / TL_QGROUP, 0, NULL, &offset,
-                  (uint64_t)(rows * (cols / TL_QGROUP) * 2));
+        whole = whole && add_entry(header, t->name, type == TL_Q8 ? "I8" : "U8", rows, type == TL_Q8 ? cols : cols / 2, 0,
+                                   NULL, &offset, (uint64_t)(rows * (type == TL_Q8 ? cols : cols / 2)));
+        whole = whole && add_entry(header, scale_name, "F16", rows, cols / TL_QGROUP, 0, NULL, &offset,
+                                   (uint64_t)(rows * (cols / TL_QGROUP) * 2));
     }
-    char *text = cJSON_PrintUnformatted(header);
+    char *text = whole ? cJSON_PrintUnformatted(header) : NULL;
     cJSON_Delete(header);
     /* Written beside, synced, then renamed over `to` (the state file's way): a run that
        fails (gptq_factor, a full disk) or is interrupted leaves an earlier good file as it

@@ -38,16 +38,37 @@ void tl_leave_c_locale(void *callers) {
     if (callers) uselocale((locale_t)callers);
 }
 
+/* The start of the UTF-8 character text[at] is in (a cut there keeps whole characters). */
+static size_t character_start(const char *text, size_t at) {
+    while (at > 0 && ((unsigned char)text[at] & 0xC0) == 0x80) at--;
+    return at;
+}
+
 /* Messages do not follow the host's locale either: a program that had called
    setlocale(LC_ALL, "") under a comma-decimal one read "top_p = 1,5 must be in (0, 1]", a
-   comma beside the interval's own. */
+   comma beside the interval's own. A message longer than TL_ERROR_MAX keeps its start and
+   its end, " ... " between them: most say "PATH: why", and a path may be PATH_MAX (4096)
+   bytes long, where the first 1023 bytes had been a piece of the path and no reason. */
 tl_status tl_fail(tl_status status, const char *fmt, ...) {
     void *callers = tl_enter_c_locale();
+    char whole[2 * 4096]; /* (two paths and their words; longer, the message's end is lost) */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    const int n = vsnprintf(whole, sizeof whole, fmt, ap);
     va_end(ap);
     tl_leave_c_locale(callers);
+    const size_t len = n < 0 ? 0 : (size_t)n < sizeof whole ? (size_t)n : sizeof whole - 1;
+    if (len < sizeof last_error) {
+        memcpy(last_error, whole, len + 1);
+    } else {
+        static const char cut[] = " ... ";
+        const size_t head = character_start(whole, 256);
+        size_t tail_from = len - (sizeof last_error - 1 - head - (sizeof cut - 1));
+        while (tail_from < len && ((unsigned char)whole[tail_from] & 0xC0) == 0x80) tail_from++; /* (whole characters) */
+        memcpy(last_error, whole, head);
+        memcpy(last_error + head, cut, sizeof cut - 1);
+        memcpy(last_error + head + sizeof cut - 1, whole + tail_from, len - tail_from + 1);
+    }
     return status;
 }
 
@@ -249,7 +270,9 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
 }
 
 /* A new file beside `path` (a state file, a quantised checkpoint), created like any file (mode 0666 less the umask;
-   mkstemp would make it 0600). Its name is unique in this process by a counter and across
+   mkstemp would make it 0600), or, where it replaces a regular file, with that file's mode
+   and owner: a state file (a conversation's tokens) its user had made 0600 became 0644 at the
+   next save. Its name is unique in this process by a counter and across
    processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
    tried. The name is hidden and holds at most 64 bytes of path's own (".NAME.tmp-PID-N": path's
    whole name and the suffix passed the file system's 255 bytes for names of 240 and more).
@@ -261,8 +284,10 @@ tl_status tl_create_beside(const char *path, int *fd, char **temp) {
     *fd = -1;
     *temp = NULL;
     struct stat sb;
-    if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode))
+    const bool found = lstat(path, &sb) == 0;
+    if (found && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode))
         return tl_fail(TL_ERR_IO, "%s: is %s, not a regular file: it is not replaced", path, file_kind(sb.st_mode));
+    const bool replacing = found && S_ISREG(sb.st_mode); /* (a link is replaced by a file of our own) */
     const char *slash = strrchr(path, '/');
     const int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with its '/' */
     const size_t n = (size_t)dir_len + 64 + 48;
@@ -273,6 +298,12 @@ tl_status tl_create_beside(const char *path, int *fd, char **temp) {
                  atomic_fetch_add(&counter, 1));
         *fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (*fd >= 0) {
+            if (replacing) {
+                /* before a byte is written; an owner other than ours only as root (else
+                   EPERM, and the group alone where we are in it), as sed -i and vim do */
+                (void)fchmod(*fd, sb.st_mode & 0777); /* (no set-id bits on a file we wrote) */
+                if (fchown(*fd, sb.st_uid, sb.st_gid) != 0) (void)fchown(*fd, (uid_t)-1, sb.st_gid);
+            }
             *temp = name;
             return TL_OK;
         }

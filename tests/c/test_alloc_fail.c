@@ -10,7 +10,8 @@
  * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes
  * or a file, read back and resumed; the serving engine; grammars (regex, tags, after, after_block)
  * and a session under one; a JSON Schema's GBNF (an absorbed failure gives the same text) and
- * its compilation. */
+ * its compilation; quantising a checkpoint. cJSON's allocations count and fail too (its hooks). */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include "../alloc/fail_alloc_control.h"
 #include "check.h"
+#include "quant.h" /* tl_quantize_checkpoint */
 #include "tinyloop.h"
 
 static const char *dir;
@@ -327,6 +329,17 @@ static tl_status json_schema(void) {
     return st;
 }
 
+/* Quantising a checkpoint, then loading what it wrote: a header that lost an entry to a
+   failed allocation was written as if whole (TL_OK, then a load's TL_ERR_FORMAT). */
+static char quantized_dir[64];
+static tl_status quantize(void) {
+    tl_status st = tl_quantize_checkpoint(dir, quantized_dir, TL_Q8);
+    tl_model *m = NULL;
+    if (st == TL_OK) st = tl_model_load(quantized_dir, NULL, &m);
+    tl_model_free(m);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -353,6 +366,10 @@ static void inject(const char *name, tl_status (*scenario)(void)) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0); /* progress survives a sanitizer abort */
+    /* cJSON (the system's library, not compiled with the counting header) allocates through
+       the same counter: a failed malloc inside it was "not valid JSON", TL_ERR_FORMAT */
+    cJSON_Hooks cjson_hooks = {tl_test_malloc, free};
+    cJSON_InitHooks(&cjson_hooks);
     dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     inject("load", load_copy);
     inject("load mmap", load_mapped);
@@ -380,6 +397,15 @@ int main(int argc, char **argv) {
     inject("grammars", grammars);
     inject("json schema", json_schema);
     inject("json schema small", json_schema_small);
+    snprintf(quantized_dir, sizeof quantized_dir, "/tmp/tinyloop-alloc-fail-%ld.q8", (long)getpid());
+    inject("quantize", quantize);
+    char quantized_file[128];
+    static const char *const written[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(quantized_file, sizeof quantized_file, "%s/%s", quantized_dir, written[i]);
+        unlink(quantized_file);
+    }
+    rmdir(quantized_dir);
     free(schema_reference);
     tl_model_free(model);
     return check_summary();

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "internal.h" /* tl_json_value_parses */
 #include "tinyloop.h"
 
 static char work[256];  /* scratch checkpoint directory */
@@ -478,6 +479,116 @@ static void long_path_message(void) {
     }
 }
 
+/* A message longer than tl_last_error holds keeps its reason: a path of 3,900 bytes was 1,023
+   bytes of path and nothing else ("load: TL_ERR_FORMAT: /tmp/.../dddd"). */
+static void very_long_path_message(void) {
+    char deep[4200];
+    snprintf(deep, sizeof deep, "%s", work);
+    int levels = 0;
+    while (strlen(deep) + 1 + 200 < 3900) {
+        const size_t at = strlen(deep);
+        deep[at] = '/';
+        memset(deep + at + 1, 'd', 200);
+        deep[at + 201] = '\0';
+        CHECK(mkdir(deep, 0700) == 0, "mkdir %s", deep);
+        levels++;
+    }
+    char file[4300];
+    snprintf(file, sizeof file, "%s/config.json", deep);
+    FILE *fp = fopen(file, "wb");
+    CHECK(fp != NULL, "%s", file);
+    if (fp) {
+        fputs("{\"vocab_size\": 1,}", fp);
+        fclose(fp);
+    }
+    tl_model *m = NULL;
+    const tl_status st = tl_model_load(deep, NULL, &m);
+    const char *msg = tl_last_error();
+    CHECK(st == TL_ERR_FORMAT && strstr(msg, "config.json: not valid JSON (error near line 1, column ") != NULL &&
+              strstr(msg, " ... ") != NULL && strncmp(msg, work, strlen(work)) == 0,
+          "%s: the message keeps its start and its reason: %s", tl_status_name(st), msg);
+    tl_model_free(m);
+    unlink(file);
+    for (int level = 0; level < levels; level++) {
+        rmdir(deep);
+        *strrchr(deep, '/') = '\0';
+    }
+}
+
+/* cJSON returns NULL for text it refuses and for a malloc that failed: the loader told them
+   apart with tl_json_value_parses, which must never accept what cJSON refuses (else a bad
+   file would be said to be out of memory), and should accept what cJSON reads. */
+static void check_recognizer(const char *text, size_t len, int want) {
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, NULL, false);
+    const int cjson = root != NULL, ours = tl_json_value_parses(text, len);
+    cJSON_Delete(root);
+    if (want >= 0) CHECK(ours == want, "tl_json_value_parses(%.*s) = %d, want %d", (int)len, text, ours, want);
+    CHECK(!ours || cjson, "tl_json_value_parses accepts what cJSON refuses: %.*s", (int)len, text);
+}
+
+static void json_recognizer(void) {
+    static const struct { const char *text; int valid; } cases[] = {
+        {"{}", 1}, {"[]", 1}, {" {\"a\" : [1, -2.5e+3, true, false, null, \"x\\u00e9\\n\"]}\n", 1}, {"0", 1}, {"\"s\"", 1},
+        {"{\"a\":{\"b\":[{}]}} trailing", 1}, /* (one value: cJSON reads no further either) */
+        {"\"\\ud83d\\ude00\"", 1}, {"{\"a\":\"b\",\"c\":\"d\"}", 1},
+        {"", 0}, {"{", 0}, {"[1,]", 0}, {"{\"a\":1,}", 0}, {"{\"a\" 1}", 0}, {"{\"a\":\"b\":1}", 0}, {"{1:2}", 0},
+        {"[1 2]", 0}, {"tru", 0}, {"nul", 0}, {"01", 0}, {"1.", 0}, {"-", 0}, {"+1", 0}, {"\"\\x\"", 0},
+        {"\"\\ud83d\"", 0}, {"\"\\ude00\"", 0}, {"\"\\ud83d\\u0041\"", 0}, {"\"\\u12\"", 0}, {"\"abc", 0},
+        {"\"a\tb\"", 0}, {"[1]]", 1}, {"{\"a\":[}", 0}, {"[{]}", 0}, {"]", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_recognizer(cases[i].text, strlen(cases[i].text), cases[i].valid);
+    /* cJSON's limits: a number of at most 63 bytes, at most 1000 open containers */
+    char text[4100];
+    for (int digits = 62; digits <= 64; digits++) {
+        memset(text, '7', (size_t)digits);
+        check_recognizer(text, (size_t)digits, -1);
+    }
+    for (int depth = 990; depth <= 1002; depth++) {
+        memset(text, '[', (size_t)depth);
+        memset(text + depth, ']', (size_t)depth);
+        check_recognizer(text, 2 * (size_t)depth, -1);
+        check_recognizer(text, 2 * (size_t)depth - 1, 0);
+    }
+    memset(text, '[', 999), memset(text + 999, ']', 999);
+    check_recognizer(text, 2 * 999, 1);
+    /* every cut and one-byte change of a document with every kind of value */
+    static const char doc[] = "{\"k\": [1, -0.5, 2e-3, true, false, null, \"t\\\"\\u00e9\\ud83d\\ude00\"], \"o\": {\"x\": {}}, \"e\": []}";
+    const size_t doc_len = sizeof doc - 1;
+    static const char bytes[] = "{}[]:,\"\\ u0aZe.-+1tfn\t";
+    for (size_t cut = 0; cut <= doc_len; cut++) check_recognizer(doc, cut, cut == doc_len ? 1 : -1);
+    for (size_t at = 0; at < doc_len; at++)
+        for (size_t b = 0; b < sizeof bytes - 1; b++) {
+            memcpy(text, doc, doc_len);
+            text[at] = bytes[b];
+            check_recognizer(text, doc_len, -1);
+        }
+}
+
+/* A failed malloc inside cJSON is out of memory, not "not valid JSON": a user told so of a
+   good file replaces it. Every allocation cJSON makes while the checkpoint loads fails in
+   turn (cJSON's hooks, the process's own here). */
+static long cjson_allocations, cjson_fail_at;
+static void *cjson_malloc(size_t size) { return ++cjson_allocations == cjson_fail_at ? NULL : malloc(size); }
+
+static void json_out_of_memory(void) {
+    cJSON_Hooks hooks = {cjson_malloc, free};
+    cJSON_InitHooks(&hooks);
+    cjson_allocations = 0, cjson_fail_at = 0;
+    CHECK(load_work() == TL_OK, "the copy loads: %s", tl_last_error());
+    const long total = cjson_allocations;
+    int no_memory = 0;
+    for (long n = 1; n <= total; n += 1 + total / 200) {
+        cjson_allocations = 0, cjson_fail_at = n;
+        const tl_status st = load_work();
+        if (st == TL_OK) continue;
+        no_memory++;
+        CHECK(st == TL_ERR_NO_MEMORY && strstr(tl_last_error(), "out of memory") != NULL,
+              "cJSON's allocation %ld of %ld failing: %s %s", n, total, tl_status_name(st), tl_last_error());
+    }
+    CHECK(total > 0 && no_memory > 0, "%ld cJSON allocations, %d failed loads", total, no_memory);
+    cJSON_InitHooks(NULL);
+}
+
 /* Finding 7 (and the dangling symlink of 14): checkpoint files must be regular files; nothing
    may block. SIGALRM turns a hang (the bug) into a failed test. */
 static void special_files(void) {
@@ -715,6 +826,9 @@ int main(int argc, char **argv) {
     config_strictness();
     special_files();
     long_path_message();
+    very_long_path_message();
+    json_recognizer();
+    json_out_of_memory();
     nonfinite_weights();
     offsets_messages();
     header_rules();

@@ -249,6 +249,15 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     struct stat sb;
     CHECK(stat(mode_path, &sb) == 0 && (sb.st_mode & 0777) == 0640 && sb.st_size == (off_t)len,
           "mode %o, %lld bytes (want 0640, %zu)", (unsigned)(sb.st_mode & 0777), (long long)sb.st_size, len);
+    /* A file its user made private stays so when a save replaces it (it became 0644, the
+       umask's, at the next save: a conversation's tokens readable by all), read-only too. */
+    const mode_t modes[2] = {0600, 0444};
+    for (int i = 0; i < 2; i++) {
+        CHECK(chmod(mode_path, modes[i]) == 0, "chmod");
+        CHECK(tl_session_state_write(state, mode_path) == TL_OK, "write over mode %o: %s", (unsigned)modes[i], tl_last_error());
+        CHECK(stat(mode_path, &sb) == 0 && (sb.st_mode & 0777) == modes[i], "mode %o after a save, want %o",
+              (unsigned)(sb.st_mode & 0777), (unsigned)modes[i]);
+    }
     unlink(mode_path);
     /* a name of 240 bytes and more, which the file system takes (the temporary name beside it,
        the whole name and a suffix, passed its 255: "File name too long") */
