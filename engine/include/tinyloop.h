@@ -41,7 +41,8 @@ typedef enum tl_status {
     TL_ERR_INVALID_ARGUMENT = 1, /* a parameter is out of range or inconsistent */
     TL_ERR_IO = 2,               /* a file is missing or unreadable */
     TL_ERR_FORMAT = 3,           /* a file is malformed or inconsistent with the config; or a
-                                    step's logits turned NaN (the model's numbers overflowed) */
+                                    step's logits turned NaN or infinite (the model's numbers
+                                    overflowed) */
     TL_ERR_NO_MEMORY = 4,        /* an allocation failed */
     TL_ERR_UNSUPPORTED = 5,      /* valid request this build or backend cannot serve */
     TL_ERR_HOOK = 6,             /* a user hook returned an error code */
@@ -220,8 +221,8 @@ enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probab
    tokens[0..i] (n - 1 values: tl_score's rows log-softmaxed), and for each of those rows
    the `top` (0..TL_MAX_TOP_LOGPROBS) most likely tokens in top_ids/top_logprobs
    [(n - 1) * top], ranked as tl_session_logprobs ranks them. Holds one chunk of logits at a
-   time, not n rows. A row holding a NaN (the model's activations overflowed) is
-   TL_ERR_FORMAT, naming its position. Thread-safe on a shared model. */
+   time, not n rows. A row holding a NaN or an infinity (the model's activations overflowed)
+   is TL_ERR_FORMAT, naming its position. Thread-safe on a shared model. */
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
 

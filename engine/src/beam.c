@@ -67,7 +67,11 @@ static int by_score(const void *a, const void *b) {
     return x->token - y->token;
 }
 
+/* logp / len^penalty. A penalty far from 0 (any finite one is taken) under- or overflows the
+   power: 0 / 0 was a NaN score, which by_score ranks below -inf. A log-probability of 0 (a
+   certain hypothesis) stays 0, the best, and -inf stays -inf. */
 static double length_score(double logp, int len, float penalty) {
+    if (logp == 0 || logp == -INFINITY) return logp;
     return logp / pow(len > 1 ? (double)len : 1.0, (double)penalty);
 }
 

@@ -55,13 +55,20 @@ TL_SHARED float tl_exp_softmax(float x) {
    x / (1 + e^(-2u)) (the same function: 0.5 (1 + tanh u) is the logistic of 2u). */
 TL_SHARED float tl_gelu_tanh(float x) {
     const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + tl_exp_activation(-2.0f * u));
+    const float a = -2.0f * u;
+    /* Past the exp's clamp (88) the quotient is x e^-a < x e^-88, zero for PyTorch: divided by
+       the clamped e^88 instead, gelu(-3e38) was -1.8 and gelu(-1e36) -0.006 (x * 0 is -0 there,
+       and NaN for -inf, as PyTorch's 0.5 x (1 + tanh u) is). */
+    return a > 88.0f ? x * 0.0f : x / (1.0f + tl_exp_activation(a));
 }
 
 /* SwiGLU's gate: silu(gate) * up, with the activations' exp (libm's expf was one call per
    element: 2.5% of a shipped-model token; this one vectorises, and gives the GPU the same
    bits as the CPU). */
-TL_SHARED float tl_swiglu(float gate, float up) { return gate / (1.0f + tl_exp_activation(-gate)) * up; }
+TL_SHARED float tl_swiglu(float gate, float up) {
+    /* (past the exp's clamp, zero as in tl_gelu_tanh: gate * sigmoid(gate) underflows there) */
+    return (-gate > 88.0f ? gate * 0.0f : gate / (1.0f + tl_exp_activation(-gate))) * up;
+}
 
 /* splitmix64: a counter-based generator, so a draw depends only on its key. */
 TL_SHARED uint64_t tl_mix64(uint64_t x) {

@@ -265,12 +265,14 @@ const char *tl_overflow_hint(bool f16_kv) {
     return f16_kv ? " (an f16 KV cache holds at most 65504: load it with kv_type f32)" : "";
 }
 
+/* An infinity too: finite weights whose logit overflowed (a hook's own +inf is its choice, the
+   mass shared; the model's was the same forced token every step, with a log-probability of 0). */
 tl_status tl_check_logits_finite(const float *row, int vocab, bool f16_kv, const char *what, int index) {
     int at = 0;
-    while (at < vocab && !isnan(row[at])) at++;
+    while (at < vocab && isfinite(row[at])) at++;
     if (at == vocab) return TL_OK;
-    return tl_fail(TL_ERR_FORMAT, "the model gave non-finite logits (NaN) at %s %d: its activations overflow%s", what,
-                   index, tl_overflow_hint(f16_kv));
+    return tl_fail(TL_ERR_FORMAT, "the model gave non-finite logits (%s) at %s %d: its activations overflow%s",
+                   isnan(row[at]) ? "NaN" : row[at] > 0 ? "inf" : "-inf", what, index, tl_overflow_hint(f16_kv));
 }
 
 bool tl_log_softmax(const float *logits, int vocab, double *out) {

@@ -1640,7 +1640,7 @@ end
 
 -- model:score(ids, loops) -> scores | nil, err, with scores:logit(i, t) (next-token logit
 -- of id t after ids[1..i]), scores:argmax(i) (greedy's choice there: ties to the lower id;
--- nil, err for a row holding NaN, the model's activations overflowed), scores.n,
+-- nil, err for a row holding a NaN or an infinity, the model's activations overflowed), scores.n,
 -- scores.vocab_size. loops defaults to the model's default_loops.
 local Scores = {}
 Scores.__index = Scores
@@ -1661,9 +1661,11 @@ function Scores:argmax(i)
     local best, best_value = 0, row[0]
     for t = 0, v - 1 do
         local value = row[t]
-        -- (a NaN never compares: skipped, it read as a token, row[0]'s when it stood first)
-        if value ~= value then
-            return nil, ("scores:argmax(%d): the model gave non-finite logits (NaN) there: its activations overflow"):format(i)
+        -- (a NaN never compares: skipped, it read as a token, row[0]'s when it stood first; an
+        -- infinity is an overflow as well, as the engine's steps say)
+        if value ~= value or value == math.huge or value == -math.huge then
+            return nil, ("scores:argmax(%d): the model gave non-finite logits (%s) there: its activations overflow")
+                :format(i, value ~= value and "NaN" or value > 0 and "inf" or "-inf")
         end
         if value > best_value then best, best_value = t, value end
     end

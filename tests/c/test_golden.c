@@ -1,9 +1,11 @@
 /* test_golden.c: logits parity with the PyTorch reference (tests/data/golden).
- * f32 checkpoints: max |diff| <= 1e-4; f16/bf16: max |diff| <= 2e-2 x the logit range. */
+ * f32 checkpoints: max |diff| <= 1e-4; f16/bf16: max |diff| <= 2e-2 x the logit range. The
+ * activations against their formulas over the whole float range. */
 #include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 
+#include "../../engine/src/math_shared.h"
 #include "../../engine/src/safetensors.h"
 #include "check.h"
 #include "tinyloop.h"
@@ -64,7 +66,29 @@ static void check_case(const char *dir, const char *name, int threads) {
     tl_model_free(model);
 }
 
+/* The activations (math_shared.h, every backend's) against PyTorch's formulas in double, over
+   the whole float range: past the exp's clamp (88) they divided by e^88 instead of giving 0,
+   so gelu(-3e38) was -1.8 and silu(-1e36) -0.006 (the golden cases' values never go there). */
+static void activations_match_their_formulas(void) {
+    double worst_gelu = 0, worst_silu = 0;
+    float worst_gelu_at = 0, worst_silu_at = 0;
+    for (int sign = -1; sign <= 1; sign += 2)
+        for (double magnitude = 1e-6; magnitude < 3.4e38; magnitude *= 1.07) {
+            const float x = (float)(sign * magnitude);
+            const double xd = x, u = 0.7978845608028654 * (xd + 0.044715 * xd * xd * xd);
+            const double gelu = 0.5 * xd * (1.0 + tanh(u)), silu = xd / (1.0 + exp(-xd));
+            /* (relative to max(1, |value|): float's rounding of the formula's terms) */
+            const double gelu_error = fabs(tl_gelu_tanh(x) - gelu) / fmax(1.0, fabs(gelu));
+            const double silu_error = fabs(tl_swiglu(x, 1.0f) - (isnan(silu) ? 0.0 : silu)) / fmax(1.0, fabs(silu));
+            if (gelu_error > worst_gelu) worst_gelu = gelu_error, worst_gelu_at = x;
+            if (silu_error > worst_silu) worst_silu = silu_error, worst_silu_at = x;
+        }
+    CHECK(worst_gelu < 1e-5, "gelu: relative error %g at x = %g", worst_gelu, (double)worst_gelu_at);
+    CHECK(worst_silu < 1e-5, "silu: relative error %g at x = %g", worst_silu, (double)worst_silu_at);
+}
+
 int main(int argc, char **argv) {
+    activations_match_their_formulas();
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     DIR *d = opendir(root);
     CHECK(d != NULL, "cannot open %s", root);

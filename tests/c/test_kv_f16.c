@@ -290,21 +290,24 @@ static void partly_nan_row_fails(const char *golden_dir) {
     tl_model *m = load(work, TL_KV_F32);
     CHECK(m != NULL, "load the edited copy");
     if (m) {
-        /* the first position whose row holds a NaN at token 0 and finite logits elsewhere */
+        /* the first position whose row is not finite at token 0 (a NaN, or an infinity where
+           the products had one sign), with finite logits elsewhere */
         enum { N = 12, V = 64 };
         const int32_t ids[N] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
         static float logits[N * V];
         CHECK(tl_score(m, ids, N, 8, logits) == TL_OK, "score: %s", tl_last_error());
-        int at = -1;
-        for (int i = 0; i < N && at < 0; i++) {
+        int at = -1, nan_at = -1;
+        for (int i = 0; i < N && nan_at < 0; i++) {
             bool others_finite = true;
             for (int t = 1; t < V; t++) others_finite = others_finite && isfinite(logits[i * V + t]);
-            if (isnan(logits[i * V]) && others_finite) at = i;
+            if (!isfinite(logits[i * V]) && others_finite && at < 0) at = i;
+            if (isnan(logits[i * V]) && others_finite) nan_at = i;
         }
-        CHECK(at >= 0, "some row has a NaN logit at token 0 and finite ones elsewhere");
-        if (at >= 0) {
+        CHECK(nan_at >= 0, "some row has a NaN logit at token 0 and finite ones elsewhere");
+        if (nan_at >= 0) { /* (at <= nan_at: the first non-finite row scoring meets) */
             char want[128];
-            snprintf(want, sizeof want, "non-finite logits (NaN) at position %d: its activations overflow", at);
+            snprintf(want, sizeof want, "non-finite logits (%s) at position %d: its activations overflow",
+                     isnan(logits[at * V]) ? "NaN" : logits[at * V] > 0 ? "inf" : "-inf", at);
             float logprobs[N];
             CHECK_ERROR(tl_score_logprobs(m, ids, N, 8, 0, logprobs, NULL, NULL), TL_ERR_FORMAT, want);
             tl_generate_config cfg;
@@ -314,20 +317,20 @@ static void partly_nan_row_fails(const char *golden_dir) {
             int32_t out[64];
             int n_out = 0;
             const char *want_step = "non-finite logits (NaN) at token 1: its activations overflow";
-            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            CHECK_ERROR(tl_generate(m, ids, nan_at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
             cfg.temperature = 0.8f;
             cfg.sample_seed = 3;
-            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            CHECK_ERROR(tl_generate(m, ids, nan_at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
             cfg.temperature = 0.0f;
             cfg.beam_size = 2;
-            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            CHECK_ERROR(tl_generate(m, ids, nan_at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
             cfg.beam_size = 0;
             cfg.speculative = TL_SPECULATIVE_CHAIN;
             cfg.draft_loops = 1;
-            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            CHECK_ERROR(tl_generate(m, ids, nan_at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
             cfg.speculative = TL_SPECULATIVE_OFF;
             /* batched: the prompt's own status says it */
-            const tl_token_seq prompts[2] = {{ids, at + 1}, {ids, at + 1}};
+            const tl_token_seq prompts[2] = {{ids, nan_at + 1}, {ids, nan_at + 1}};
             int lens[2];
             CHECK(tl_generate_batch(m, prompts, 2, &cfg, out, 64, lens, &n_out, NULL) == TL_ERR_FORMAT &&
                       strstr(tl_last_error(), "non-finite logits (NaN)"),
@@ -371,6 +374,75 @@ static void embedding_overflow_fails(const char *golden_dir) {
     remove_dir(work);
 }
 
+/* Logits that overflow to an infinity (not a NaN): token 0's head row is 1e38 times the sign
+   of each value of the row the head reads after the prompt, token 1's its negation, so that
+   every product has one sign and their sum passes 3.4e38. The steps went on: greedy and a
+   beam search chose token 0 every time (log-probability 0), as did a scoring of the others
+   (-inf, the server's null). */
+static float head_row_signs[64];
+static int head_row_width;
+static void rows_overflow_to_inf(float *values, long n) {
+    (void)n;
+    for (int j = 0; j < head_row_width; j++) {
+        values[j] = copysignf(1e38f, head_row_signs[j]);
+        values[head_row_width + j] = -values[j];
+    }
+}
+static void infinite_row_fails(const char *golden_dir) {
+    const int32_t prompt[4] = {5, 6, 7, 8};
+    tl_model *original = load(golden_dir, TL_KV_F32);
+    CHECK(original != NULL, "load %s", golden_dir);
+    if (!original) return;
+    head_row_width = tl_model_info(original)->d_model;
+    CHECK(head_row_width <= 64, "d_model %d fits", head_row_width);
+    static float rows[4 * 64];
+    tl_embed_options opts;
+    tl_embed_options_init(&opts);
+    opts.pooling = TL_POOLING_NONE;
+    opts.normalize = 0;
+    CHECK(tl_embed(original, prompt, 4, &opts, rows) == TL_OK, "embed: %s", tl_last_error());
+    memcpy(head_row_signs, rows + 3 * head_row_width, (size_t)head_row_width * sizeof(float));
+    tl_model_free(original);
+    char work[] = "/tmp/tinyloop-infrow-XXXXXX";
+    if (!copy_edited(golden_dir, "lm_head.weight", rows_overflow_to_inf, work)) return;
+    tl_model *m = load(work, TL_KV_F32);
+    CHECK(m != NULL, "load the edited copy");
+    if (m) {
+        const int vocab = tl_model_info(m)->vocab_size;
+        float *logits = malloc((size_t)4 * (size_t)vocab * sizeof(float));
+        const int loops = tl_model_info(m)->default_loops;
+        CHECK(logits && tl_score(m, prompt, 4, loops, logits) == TL_OK, "score: %s", tl_last_error());
+        if (logits) CHECK(logits[3 * vocab] == INFINITY && logits[3 * vocab + 1] == -INFINITY,
+                          "the last row's logits of tokens 0 and 1: %g %g", logits[3 * vocab], logits[3 * vocab + 1]);
+        free(logits);
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 4;
+        cfg.ignore_eos = 1;
+        int32_t out[16];
+        int n_out = 0;
+        const char *want_step = "non-finite logits (inf) at token 1: its activations overflow";
+        CHECK_ERROR(tl_generate(m, prompt, 4, &cfg, out, 16, &n_out, NULL), TL_ERR_FORMAT, want_step);
+        cfg.temperature = 0.8f;
+        cfg.sample_seed = 3;
+        CHECK_ERROR(tl_generate(m, prompt, 4, &cfg, out, 16, &n_out, NULL), TL_ERR_FORMAT, want_step);
+        cfg.temperature = 0.0f;
+        cfg.beam_size = 2;
+        CHECK_ERROR(tl_generate(m, prompt, 4, &cfg, out, 16, &n_out, NULL), TL_ERR_FORMAT, want_step);
+        cfg.beam_size = 0;
+        cfg.speculative = TL_SPECULATIVE_CHAIN;
+        cfg.draft_loops = 1;
+        CHECK_ERROR(tl_generate(m, prompt, 4, &cfg, out, 16, &n_out, NULL), TL_ERR_FORMAT, want_step);
+        const int32_t scored[5] = {5, 6, 7, 8, 9};
+        float logprobs[4];
+        /* (the earlier rows' values have the last one's signs mostly: they overflow too) */
+        CHECK_ERROR(tl_score_logprobs(m, scored, 5, loops, 0, logprobs, NULL, NULL), TL_ERR_FORMAT,
+                    "non-finite logits (inf) at position ");
+    }
+    tl_model_free(m);
+    remove_dir(work);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         printf("usage: test_kv_f16 SHIPPED_MODEL_DIR GOLDEN_DIR\n");
@@ -387,6 +459,7 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/deep_residual", argv[2]);
     overflow_names_its_cause(dir);
     partly_nan_row_fails(dir);
+    infinite_row_fails(dir);
     embedding_overflow_fails(dir);
     return check_summary();
 }

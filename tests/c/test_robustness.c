@@ -3,7 +3,8 @@
  *   - +inf logits share the probability mass and NaN counts as -inf (finding 2): T = 1 with
  *     logits[7] = +inf gives 7, 7, 7, 7 in plain sampling, chain speculative sampling and beam
  *     search, whatever the other logits;
- *   - beam search with no allowed token stops like plain decoding (finding 3);
+ *   - beam search with no allowed token stops like plain decoding (finding 3); a certain beam
+ *     scores 0 under any length_penalty (not NaN where its power under- or overflows);
  *   - prompt_len + max_tokens does not overflow before validation (finding 9, UBSan);
  *   - the stream callback's stop is honoured by beam search (finding 15);
  *   - tl_generate_batch(prompts = NULL) says so (finding 13).
@@ -100,6 +101,28 @@ static void infinite_logits(void) {
                     CHECK(out[i] == 7, "%s noise %d seed %d: token %d is %d, want 7", mode_name(mode), noise,
                           (int)seed, i - 3, out[i]);
             }
+    /* A certain beam (log-probability 0, every step +inf at 7) under a length_penalty whose
+       power underflows (len^-2000 = 0) or overflows: its score is 0, not 0 / 0 = NaN (which
+       ranked below every other hypothesis). */
+    static const float penalties[3] = {-2000.0f, -3e38f, 3e38f};
+    for (int i = 0; i < 3; i++) {
+        const int noise = 0;
+        tl_generate_config c;
+        tl_generate_config_init(&c);
+        c.max_tokens = N_TOKENS;
+        c.ignore_eos = 1;
+        c.beam_size = 2;
+        c.length_penalty = penalties[i];
+        c.logits_processor = inf_at_7;
+        c.logits_processor_user = (void *)&noise;
+        int32_t out[16];
+        int len = 0;
+        tl_generate_stats stats;
+        tl_status st = tl_generate(model, prompt, 3, &c, out, 16, &len, &stats);
+        CHECK(st == TL_OK && len == 3 + N_TOKENS && out[3] == 7 && stats.beam_score == 0.0,
+              "length_penalty %g: %s, %d tokens, beam_score %g", (double)penalties[i], tl_status_name(st), len,
+              stats.beam_score);
+    }
     /* NaN is -inf: the one non-NaN logit wins, sampled or greedy. */
     for (int mode = 0; mode < 3; mode++)
         for (int greedy = 0; greedy < 2; greedy++) {

@@ -770,7 +770,7 @@ describe("model:score", function()
         for t = 0, 319, 13 do assert.equal(sc:logit(2, t), s3:logit(2, t)) end
     end)
 
-    it("says where the model's logits turn NaN (an overflow): argmax, score_logprobs and generation", function()
+    it("says where the model's logits turn NaN or infinite (an overflow): argmax, score_logprobs and generation", function()
         -- deep_residual with token 0's head row +-3e38 in turn: inf - inf, a NaN at token 0 in
         -- some rows of finite logits (argmax took row[0]'s NaN for the best: token 0)
         local dir = os.tmpname()
@@ -789,28 +789,34 @@ describe("model:score", function()
         H.sh("rm -rf " .. dir)
         local ids = { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 }
         local sc = assert(edited:score(ids, 8))
-        local nan_rows, finite_rows = 0, 0
+        -- (a row whose products had one sign overflowed to an infinity instead: refused too)
+        local nan_rows, inf_rows, finite_rows, first_bad = 0, 0, 0, nil
         for i = 1, sc.n do
             local logit0 = sc:logit(i, 0)
             local best, err = sc:argmax(i)
-            if logit0 ~= logit0 then
-                nan_rows = nan_rows + 1
+            local kind = logit0 ~= logit0 and "NaN" or logit0 == math.huge and "inf" or logit0 == -math.huge and "-inf"
+            if kind then
+                first_bad = first_bad or { i, kind }
+                if kind == "NaN" then nan_rows = nan_rows + 1 else inf_rows = inf_rows + 1 end
                 assert.is_nil(best)
-                assert.equal(("scores:argmax(%d): the model gave non-finite logits (NaN) there: its activations overflow"):format(i), err)
-                if nan_rows == 1 then
+                assert.equal(("scores:argmax(%d): the model gave non-finite logits (%s) there: its activations overflow")
+                    :format(i, kind), err)
+                if kind == "NaN" and nan_rows == 1 then
                     local out, gen_err = edited:generate(H.slice(ids, 1, i), { max_tokens = 3 })
                     assert.is_nil(out)
                     assert.truthy(gen_err:find("non-finite logits (NaN) at token 1", 1, true), gen_err)
-                    local logprobs, lp_err = edited:score_logprobs(ids, 8)
-                    assert.is_nil(logprobs)
-                    assert.truthy(lp_err:find(("non-finite logits (NaN) at position %d:"):format(i), 1, true), lp_err) -- (from 1)
                 end
             else
                 finite_rows = finite_rows + 1
                 assert.is_number(best)
             end
         end
-        assert.truthy(nan_rows > 0 and finite_rows > 0, nan_rows .. " rows with a NaN, " .. finite_rows .. " without")
+        local logprobs, lp_err = edited:score_logprobs(ids, 8)
+        assert.is_nil(logprobs)
+        assert.truthy(lp_err:find(("non-finite logits (%s) at position %d:"):format(first_bad[2], first_bad[1]), 1, true),
+                      lp_err) -- (from 1)
+        assert.truthy(nan_rows > 0 and inf_rows > 0,
+                      nan_rows .. " rows with a NaN, " .. inf_rows .. " with an infinity")
         edited:close()
     end)
 
