@@ -69,6 +69,7 @@ static inline int next_of(uint64_t w) { return (int)(w & FIELD_MASK); }
 struct tl_pool {
     int n_threads;                 /* including the calling thread */
     pthread_t *workers;            /* [n_threads - 1] */
+    struct worker_arg *args;       /* [n_threads - 1]: each worker's own, freed with the pool */
     unsigned process;              /* tl_process_mark() when the workers started: in a child
                                       forked since, they are the parent's and not here */
     pthread_mutex_t run_lock;      /* one job at a time */
@@ -154,11 +155,13 @@ static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
     }
 }
 
-typedef struct { tl_pool *pool; int thread; } worker_arg;
+typedef struct worker_arg { tl_pool *pool; int thread; } worker_arg;
 
+/* A worker neither allocates nor frees: glibc gives a thread its own malloc arena at its first
+   call (free too), 64 MiB of address space reserved (128 briefly) each, so that 16 threads
+   took ~1 GiB of a process's RLIMIT_AS and loads under `ulimit -v` failed at random. */
 static void *worker_main(void *arg_) {
-    worker_arg arg = *(worker_arg *)arg_;
-    free(arg_);
+    const worker_arg arg = *(const worker_arg *)arg_;
     tl_pool *pool = arg.pool;
     uint64_t seen = 0; /* jobs may be posted before this thread first runs */
     for (;;) {
@@ -313,12 +316,16 @@ tl_pool *tl_pool_new(int n_threads) {
     pthread_cond_init(&pool->wake, NULL);
     atomic_init(&pool->job, 0);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
-    if (!pool->workers) { free(pool); return NULL; }
+    pool->args = calloc((size_t)n_threads, sizeof *pool->args);
+    if (!pool->workers || !pool->args) {
+        free(pool->workers);
+        free(pool->args);
+        free(pool);
+        return NULL;
+    }
     for (int t = 1; t < n_threads; t++) {
-        worker_arg *arg = malloc(sizeof *arg);
-        if (arg) *arg = (worker_arg){pool, t};
-        if (!arg || pthread_create(&pool->workers[t - 1], NULL, worker_main, arg) != 0) {
-            free(arg);
+        pool->args[t - 1] = (worker_arg){pool, t};
+        if (pthread_create(&pool->workers[t - 1], NULL, worker_main, &pool->args[t - 1]) != 0) {
             pool->n_threads = t; /* keep the threads that started */
             break;
         }
@@ -334,6 +341,7 @@ void tl_pool_free(tl_pool *pool) {
     if (tl_forked_since(pool->process)) { /* a child's copy: no worker to stop or join, and the
                                              condition variable counts the parent's sleepers */
         free(pool->workers);
+        free(pool->args);
         free(pool);
         return;
     }
@@ -346,6 +354,7 @@ void tl_pool_free(tl_pool *pool) {
     pthread_mutex_destroy(&pool->sleep_lock);
     pthread_mutex_destroy(&pool->run_lock);
     free(pool->workers);
+    free(pool->args);
     free(pool);
 }
 

@@ -2,7 +2,10 @@
  * exactly the tokens of sequential runs, and between them the embeddings of sequential
  * calls, to the bit (tl_embed, and in odd rounds tl_embed_batch of the prompt and its first
  * two tokens, sharing a forward). Then four threads share one compiled grammar whose tables
- * start new generations under them. Built also under ThreadSanitizer (scripts/test). */
+ * start new generations under them. First, a model's worker threads make no malloc arena.
+ * Built also under ThreadSanitizer (scripts/test). */
+#define _GNU_SOURCE /* open_memstream, malloc_info */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,9 +147,45 @@ static void test_shared_grammar(const char *data_dir) {
     tl_model_free(text_model);
 }
 
+/* The model's worker threads never call malloc or free: glibc gives a thread its own arena
+   at its first call (64 MiB of address space reserved, 128 briefly), and 16 threads' arenas
+   failed loads under `ulimit -v` at random (each freed its start argument). Counted with
+   malloc_info before this test starts threads of its own (under a sanitizer, whose allocator
+   glibc's malloc_info does not see, it reads one heap or none). */
+static void worker_threads_keep_no_arena(const char *dir) {
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 4;
+    tl_model *m = NULL;
+    CHECK(tl_model_load(dir, &o, &m) == TL_OK, "load: %s", tl_last_error());
+    if (!m) return;
+    const int32_t prompt[4] = {3, 4, 5, 6};
+    tl_generate_config c;
+    tl_generate_config_init(&c);
+    c.max_tokens = 8;
+    c.ignore_eos = 1;
+    int32_t out[CAP];
+    int n = 0;
+    CHECK(tl_generate(m, prompt, 4, &c, out, CAP, &n, NULL) == TL_OK, "generate: %s", tl_last_error());
+    char *xml = NULL;
+    size_t len = 0;
+    FILE *fp = open_memstream(&xml, &len);
+    int heaps = 0;
+    if (fp && malloc_info(0, fp) == 0) {
+        fclose(fp);
+        for (const char *at = xml; (at = strstr(at, "<heap nr=")); at++) heaps++;
+    } else if (fp) {
+        fclose(fp);
+    }
+    free(xml);
+    CHECK(heaps <= 1, "%d malloc arenas after a model of 4 threads generated: its workers allocate", heaps);
+    tl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/f16_concat_residual_gqa", argc > 1 ? argv[1] : "tests/data/golden");
+    worker_threads_keep_no_arena(dir);
     tl_load_options o;
     tl_load_options_init(&o);
     o.n_threads = 2;
