@@ -71,6 +71,15 @@ static void forks_continue_exactly(const tl_model *m) {
         run(whole, 1000);
         run(parent, 37);
         CHECK(tl_session_fork(parent, NULL, &child) == TL_OK, "fork: %s", tl_last_error());
+        /* The last token's log-probabilities (and their top) are the parent's: the fork
+           copies the row they are read from. */
+        float lp_parent = 0, lp_child = 1, top_parent[5] = {0}, top_child[5] = {1};
+        int32_t ids_parent[5] = {0}, ids_child[5] = {1};
+        CHECK(child && tl_session_logprobs(parent, 5, &lp_parent, ids_parent, top_parent) == TL_OK &&
+                  tl_session_logprobs(child, 5, &lp_child, ids_child, top_child) == TL_OK && lp_parent == lp_child &&
+                  memcmp(ids_parent, ids_child, sizeof ids_parent) == 0 && memcmp(top_parent, top_child, sizeof top_parent) == 0,
+              "%s: the fork's last log-probability %g (%s), the parent's %g", sampled ? "sampled" : "greedy", lp_child,
+              tl_last_error(), lp_parent);
         /* The fork copied no K/V: every page is the parent's. */
         CHECK(child && private_pages(child->cache) == 0 && tl_kv_cache_bytes(child->cache) == tl_kv_cache_bytes(parent->cache),
               "a fresh fork owns %d pages of its own", child ? private_pages(child->cache) : -1);

@@ -654,6 +654,16 @@ static void test_min_p(void) {
         }
         CHECK(fabs(sum - 1.0) < 1e-12, "case %zu: probabilities sum to %.15f", c, sum);
     }
+    /* The nucleus ends where its mass reaches top_p, exactly reached too (the shortest prefix:
+       a mass that had to pass top_p kept the next token): two tied tokens of 0.5 each under
+       top_p 0.5 are the first alone (ties rank by id); four of 0.25 under 0.5, two. */
+    float tied[8];
+    for (int ties = 2; ties <= 4; ties += 2) {
+        for (int i = 0; i < 8; i++) tied[i] = i >= 3 && i < 3 + ties ? 4.0f : -INFINITY;
+        CHECK(tl_distribution_build(&d, tied, 1.0f, 8, 0.5f, 0.0f, false), "build");
+        CHECK(d.n == ties / 2 && d.ids[0] == 3 && (ties == 2 || d.ids[1] == 4),
+              "%d tied tokens under top_p 0.5: %d candidates (first id %d), want %d", ties, d.n, d.ids[0], ties / 2);
+    }
     tl_distribution_free(&d);
 
     /* In generation: sampling at T = 1 with min_p = 1 keeps only the most likely token (the
@@ -1020,6 +1030,38 @@ static void test_cache_window(void) {
     while (stop == TL_STOP_NONE && tl_session_step(s, &tok, &stop) == TL_OK) {}
     CHECK(s->n_tokens == 26, "windowed run length %d", s->n_tokens);
     tl_session_free(s);
+    /* The window is exactly W positions, a row's own included: rows 0 .. W-1 see the whole
+       sequence (an unwindowed session's log-probabilities), row W is the first to lose row 0
+       (a window of W + 1 positions had passed as the first's equal). Stepped in lockstep
+       from a 2-token prompt: step k reads row k. */
+    for (int window = 3; window <= 5; window++) {
+        tl_generate_config plain;
+        init_cfg(&plain);
+        plain.max_tokens = 8;
+        plain.ignore_eos = 1;
+        tl_generate_config cut = plain;
+        cut.cache_window = window;
+        tl_session *whole = NULL, *windowed_session = NULL;
+        CHECK(tl_session_new(model, prompt, 2, &plain, &whole) == TL_OK &&
+                  tl_session_new(model, prompt, 2, &cut, &windowed_session) == TL_OK, "sessions: %s", tl_last_error());
+        for (int row = 1; whole && windowed_session && row <= window; row++) { /* (the step reading row `row`) */
+            int32_t token_whole, token_cut;
+            tl_stop_reason stop_whole, stop_cut;
+            float lp_whole, lp_cut, top_whole[5], top_cut[5];
+            int32_t ids_whole[5], ids_cut[5];
+            CHECK(tl_session_step(whole, &token_whole, &stop_whole) == TL_OK &&
+                      tl_session_step(windowed_session, &token_cut, &stop_cut) == TL_OK &&
+                      tl_session_logprobs(whole, 5, &lp_whole, ids_whole, top_whole) == TL_OK &&
+                      tl_session_logprobs(windowed_session, 5, &lp_cut, ids_cut, top_cut) == TL_OK,
+                  "window %d, row %d: %s", window, row, tl_last_error());
+            const bool same = memcmp(ids_whole, ids_cut, sizeof ids_whole) == 0 && memcmp(top_whole, top_cut, sizeof top_whole) == 0;
+            CHECK(same == (row < window), "window %d: row %d's log-probabilities %s the unwindowed session's", window, row,
+                  same ? "equal" : "differ from");
+            if (!same) break;
+        }
+        tl_session_free(whole);
+        tl_session_free(windowed_session);
+    }
 }
 
 static void test_validation(void) {

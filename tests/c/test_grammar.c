@@ -94,6 +94,7 @@ static void test_parse_errors(void) {
         {"a ::= \"x\"", "no rule named 'root'"},
         {"root ::= \"\\q\"", "unknown escape '\\q'"},
         {"root ::= \"a\"{3,1}", "n < m"},
+        {"root ::= \"a\"{3,2}", "n < m"}, /* (n = m - 1: the bound itself) */
         {"root ::= \"a\"{2", "expected '}'"},
         {"root ::= \"a\"{99999}", "repetition count above 10000"},
         {"root ::= x\nx ::= \"a\"\nx ::= \"b\"", "rule 'x' is defined twice (first at line 2, column 1)"},

@@ -231,6 +231,9 @@ static void file_errors(void) {
 
     spit("model.safetensors", file, len - 100);
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "truncated file?");
+    /* one byte short: the last tensor's end (a bound off by one read past the data) */
+    spit("model.safetensors", file, len - 1);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "truncated file?");
     spit("model.safetensors", file, 5);
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "too short for a safetensors header");
     unsigned char huge[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, '{', '}'};

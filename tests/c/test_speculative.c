@@ -163,7 +163,10 @@ static void exact_probs(tl_model *m, const int32_t *seq, int n, int loops, float
 }
 
 static void sampling_distribution(const char *root) {
-    tl_model *m = load(root, "add_replace_beta_statenorm_ln");
+    /* (a model whose depth-1 draft is often rejected, 47% accepted at the first token: with
+       add_replace_beta's 88%, a rejection that drew from p instead of max(0, p - q), biased
+       towards the draft, passed both chi-squares) */
+    tl_model *m = load(root, "bf16_tied_rope_residual");
     if (!m) { CHECK(0, "load"); return; }
     const int vocab = tl_model_info(m)->vocab_size, runs = 6000, verify = 6;
     const float T = 1.5f; /* flatten the random model's logits: more bins to test */

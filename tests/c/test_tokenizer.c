@@ -407,6 +407,26 @@ static size_t unescape(const char *s, size_t n, char *o)
     return k;
 }
 
+/* A merge listed twice ranks where it comes last, as Hugging Face's tokenizers read the list
+   into a map (the later insert wins): with ["b c", "a b", "b c"], "abc" is ab c, not a bc. */
+static void test_repeated_merge(void)
+{
+    const char *json = make_json((json_parts){.vocab = "{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"bc\":4}",
+                                              .merges = "[\"b c\", \"a b\", \"b c\"]"});
+    tl_tlz_tokenizer *tok = NULL;
+    char err[256] = "";
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    check(rc == TLZ_OK, "repeated merge: load", "rc=%d %s", rc, err);
+    if (rc != TLZ_OK) return;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tl_tlz_encode(tok, "abc", 3, &ids, &n, err, sizeof err);
+    check(rc == TLZ_OK && n == 2 && ids[0] == 3 && ids[1] == 2, "repeated merge: the later rank wins (ab c)",
+          "rc=%d n=%zu first ids %d %d", rc, n, n > 0 ? (int)ids[0] : -1, n > 1 ? (int)ids[1] : -1);
+    free(ids);
+    tl_tlz_tokenizer_free(tok);
+}
+
 static void test_tiny(const char *dir)
 {
     char err[256] = "";
@@ -929,6 +949,7 @@ int main(int argc, char **argv)
         return 2;
     }
     test_load_errors(argv[1]);
+    test_repeated_merge();
     test_tiny(argv[1]);
     test_added_tokens_many();
     test_gpt2(argv[1]);

@@ -316,21 +316,24 @@ describe("model:generate", function()
         assert.equal(#prompt + 1, #out)
         -- with min_tokens 4 (vLLM's rule): the first match that ends in the text of the fifth
         -- token or later (one ending in the fourth's stopped it)
-        local want = 12
-        for k = 5, 12 do
-            local before = m:decode({ unpack(greedy, #prompt + 1, #prompt + k - 1) })
-            local now = m:decode({ unpack(greedy, #prompt + 1, #prompt + k) })
-            if now:find(first_text, math.max(1, #before - #first_text + 2), true) then want = k break end
+        local function first_stop(min_tokens) -- (the token whose text ends the first match)
+            for k = min_tokens + 1, 12 do
+                local before = m:decode({ unpack(greedy, #prompt + 1, #prompt + k - 1) })
+                local now = m:decode({ unpack(greedy, #prompt + 1, #prompt + k) })
+                if now:find(first_text, math.max(1, #before - #first_text + 2), true) then return k end
+            end
+            return 12
         end
         cfg.min_tokens = 4
         out = m:generate(prompt, cfg)
-        assert.equal(#prompt + want, #out)
+        assert.equal(#prompt + first_stop(4), #out)
         assert.same({ unpack(greedy, 1, #out) }, out)
         -- the min_tokens-th token completing the stop string is no stop: min_tokens 1 and the
-        -- first token's text (it stopped there)
+        -- first token's text (it stopped there), nor is that match seen a token late
         cfg.min_tokens = 1
         out = m:generate(prompt, cfg)
         assert.is_true(#out > #prompt + 1, "stopped on the min_tokens-th token")
+        assert.equal(#prompt + first_stop(1), #out)
         -- a match that starts in the first min_tokens tokens' text and ends after it stops (vLLM
         -- searches back from the new text by the stop string's length)
         local second_text = m:decode({ greedy[#prompt + 2] })
@@ -338,6 +341,17 @@ describe("model:generate", function()
         cfg.stop_strings = { first_text:sub(-1) .. second_text:sub(1, 1) }
         out = m:generate(prompt, cfg)
         assert.equal(#prompt + 2, #out, "a stop string across the min_tokens-th token's end")
+        -- a match the min_tokens rule hid is not seen a token later either: the first token's
+        -- text, never again (forced texts "a", "b", "c", ...; a search that began one byte
+        -- early stopped on the second)
+        local forced = {}
+        for k = 1, 6 do forced[k] = m:encode(string.char(96 + k))[1] end
+        local step = 0
+        out = m:generate(prompt, {
+            max_tokens = 6, min_tokens = 1, stop_strings = { "a" },
+            logits_processor = function(logits) step = step + 1 logits[forced[step]] = 1e9 end,
+        })
+        assert.equal("abcdef", m:decode({ unpack(out, #prompt + 1) }))
     end)
 
     it("reports the loop depth used", function()
