@@ -37,6 +37,22 @@ local function last_error()
     return ffi_string(C.tl_last_error())
 end
 
+-- LuaJIT's own limits on what it holds: an FFI array of 2^31 bytes or more is refused
+-- ("size of C type is unknown or too large": a model of 152k tokens scored at most ~3,500),
+-- and a string stops short of 2^31 bytes (a state's bytes()). _M._limits, for tests to lower.
+local limits = { ffi_array_bytes = 2 ^ 31 - 1, string_bytes = 0x7fffff00 }
+pcall(ffi.cdef, "void *malloc(size_t size); void free(void *ptr);") -- (declared elsewhere already: the same)
+local libc = ffi.C
+
+-- n floats: ffi.new's within its limit, else malloc's (freed when collected); nil, err where
+-- there is no memory for them.
+local function float_array(n, what)
+    if n * 4 <= limits.ffi_array_bytes then return ffi_new("float[?]", n) end
+    local memory = libc.malloc(n * 4)
+    if memory == nil then return nil, ("%s: out of memory (%.0f bytes of results)"):format(what, n * 4) end
+    return ffi_gc(ffi_cast("float *", memory), libc.free)
+end
+
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
 -- ---- grammars compiled by the engine: tinyloop.grammar (grammar.lua)
@@ -1484,8 +1500,17 @@ local bytes_out, len_out = ffi_new("void *[1]"), ffi_new("size_t[1]")
 function State:bytes()
     local st = C.tl_session_state_to_bytes(state_ptr(self, "state:bytes()"), bytes_out, len_out)
     if st ~= 0 then return engine_failure(st) end -- (a state of another mode: raised, as refusals are)
-    local s = ffi_string(bytes_out[0], len_out[0])
+    -- (freed on every path: a state past a Lua string's limit raised in ffi.string, and each
+    -- call lost the whole buffer, 2 GB)
+    local len = tonumber(len_out[0])
+    if len > limits.string_bytes then
+        C.tl_free(bytes_out[0])
+        return nil, ("state:bytes(): the state is %.0f bytes, more than a Lua string holds (%.0f): " ..
+                     "state:write(path) writes it to a file"):format(len, limits.string_bytes)
+    end
+    local ok, s = pcall(ffi_string, bytes_out[0], len)
     C.tl_free(bytes_out[0])
+    if not ok then return nil, "state:bytes(): " .. tostring(s) end -- (out of Lua's memory)
     return s
 end
 
@@ -1682,7 +1707,8 @@ function Model:score(ids, loops)
     -- (before the n x vocab_size floats it would size: 100,000 ids took 1.6 GB before the
     -- engine refused them)
     check_in_context(self, n, "score: the sequence ")
-    local data = ffi_new("float[?]", n * self.vocab_size + 1)
+    local data, err_data = float_array(n * self.vocab_size + 1, "score")
+    if not data then return nil, err_data end
     local st = C.tl_score(self.ptr, arr, n, loops, data)
     if st ~= 0 then return engine_failure(st) end
     return setmetatable({ data = data, n = n, vocab_size = self.vocab_size }, Scores)
@@ -1790,7 +1816,8 @@ function Model:embed(input, opts)
     local n = n_or_err
     local d = self.d_model
     local vectors = pooling == "none" and n or 1
-    local out = ffi_new("float[?]", vectors * d)
+    local out, err_out = float_array(vectors * d, "embed")
+    if not out then return nil, err_out end
     local st = C.tl_embed(self.ptr, arr, n, eo, out)
     if st ~= 0 then return engine_failure(st) end
     local result = vectors_of(out, 0, vectors, d)
@@ -1811,7 +1838,8 @@ function Model:embed_batch(inputs, opts)
         rows = rows + n_or_err
     end
     local d = self.d_model
-    local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
+    local out, err_out = float_array((pooling == "none" and rows or count) * d + 1, "embed_batch")
+    if not out then return nil, err_out end
     local st = C.tl_embed_batch(self.ptr, seqs, count, eo, out)
     if st ~= 0 then -- (engine_failure's rule, the function named as the caller called it)
         local msg = lua_wording(last_error()):gsub("^tl_embed_batch: ", "embed_batch: ")
@@ -1831,4 +1859,6 @@ function Model:embed_batch(inputs, opts)
 end
 
 _M.C = C -- the raw library, for tools that need more than this module offers
+_M._limits = limits -- (tests only)
+
 return _M

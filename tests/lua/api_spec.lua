@@ -758,6 +758,30 @@ end)
 describe("model:score", function()
     local m = H.model()
 
+    it("holds results past LuaJIT's FFI arrays (2^31 bytes) in malloc's memory: the same values", function()
+        -- (the limit lowered for the test: a 152k vocabulary's scores passed it at ~3,500 ids,
+        -- "size of C type is unknown or too large")
+        local ids = m:encode("The cat sat on the mat")
+        local small = assert(m:score(ids, 2))
+        local emb = assert(m:embed(ids, { pooling = "none" }))
+        local batch = assert(m:embed_batch({ ids, { 5, 6 } }, { pooling = "none" }))
+        local limits = tinyloop._limits
+        local saved = limits.ffi_array_bytes
+        limits.ffi_array_bytes = 64
+        local ok, err = pcall(function()
+            local big = assert(m:score(ids, 2))
+            assert.is_false(ffi.istype("float[?]", big.data)) -- (the other allocation)
+            for i = 1, big.n do
+                for t = 0, big.vocab_size - 1 do assert.equal(small:logit(i, t), big:logit(i, t)) end
+                assert.equal(small:argmax(i), big:argmax(i))
+            end
+            assert.same(emb, assert(m:embed(ids, { pooling = "none" })))
+            assert.same(batch, assert(m:embed_batch({ ids, { 5, 6 } }, { pooling = "none" })))
+        end)
+        limits.ffi_array_bytes = saved
+        assert(ok, err)
+    end)
+
     it("gives n x vocab_size logits with logit, argmax, n and vocab_size", function()
         local ids = m:encode("The cat sat")
         local sc = m:score(ids, 2)

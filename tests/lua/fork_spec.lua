@@ -2,6 +2,7 @@
 -- from Lua: branches continue exactly as the uninterrupted session, hooks are per branch,
 -- the pool's output equals a cold start, and misuse raises with a clear message.
 local H = require "helpers"
+local tinyloop = H.tinyloop
 
 local function finish(s)
     repeat local _, _, reason = s:step() until reason
@@ -179,6 +180,23 @@ describe("forks and saved states", function()
         assert.is_true(#want > 0)
         assert(m:resume(state)):step()
         assert.equal(want, seen)
+    end)
+
+    it("says a state is past a Lua string's limit (2^31 bytes) and frees it: write(path) holds it", function()
+        local s = assert(m:session(prompt, { max_tokens = 8 }))
+        s:step()
+        local state = assert(s:save())
+        s:close()
+        local whole = assert(state:bytes())
+        local limits = tinyloop._limits
+        local saved = limits.string_bytes
+        limits.string_bytes = #whole - 1 -- (lowered for the test: a Huginn-0125 state of ~400 tokens passes 2 GB)
+        local bytes, err = state:bytes()
+        limits.string_bytes = saved
+        assert.is_nil(bytes)
+        assert.equal(("state:bytes(): the state is %d bytes, more than a Lua string holds (%d): "):format(#whole, #whole - 1) ..
+                     "state:write(path) writes it to a file", err)
+        assert.equal(whole, assert(state:bytes()))
     end)
 
     it("writes a state to bytes and to a file, read back by its model only", function()
