@@ -292,16 +292,22 @@ static int prefill_rows(const tl_session *s) {
 }
 
 /* Whether s has not begun its prefill and every row its cache holds came from the pool at its
-   open (so that it may let them go for a longer prefix), with an unwindowed cache and tokens to
-   generate. */
+   open (so that it may let them go for a longer prefix), with tokens to generate. */
 static bool prefill_not_begun(const tl_session *s) {
-    return s->m->prefix_pool && s->cache && s->cache->window == 0 && s->cache->length == s->stats.prompt_tokens_reused &&
-           s->t_prefill_start <= 0 && !s->prompt_done && !s->rows_from_bytes && s->cfg.max_tokens > 0;
+    return s->m->prefix_pool && s->cache && s->cache->length == s->stats.prompt_tokens_reused && s->t_prefill_start <= 0 &&
+           !s->prompt_done && !s->rows_from_bytes && s->cfg.max_tokens > 0;
+}
+
+/* The prompt rows a session may take from the pool: all but the last, and with a window W
+   those before W only (tl_prefix_pool_take's rule: the rows past it see fewer). */
+static int takeable_rows(const tl_session *s) {
+    const int rows = s->prompt_len - 1, window = s->cache->window;
+    return window > 0 && rows > window ? window : rows;
 }
 
 int tl_session_prefix_reach(const tl_session *s) {
     if (!prefill_not_begun(s)) return -1;
-    const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed);
+    const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, takeable_rows(s), s->loops, s->ws.state_seed);
     return offered > s->cache->length ? offered : s->cache->length;
 }
 
@@ -312,11 +318,18 @@ void tl_session_take_prefix_late(tl_session *s) {
 }
 
 int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *running) {
-    if (waiting->m != running->m || running->prompt_done || running->rows_from_bytes || running->cache->window != 0 ||
+    if (waiting->m != running->m || running->prompt_done || running->rows_from_bytes ||
         waiting->loops != running->loops || waiting->ws.state_seed != running->ws.state_seed)
         return 0;
-    /* (running offers its prefill's rows as its prompt is done) */
-    return tl_prefix_pool_common(waiting->tokens, waiting->prompt_len - 1, running->tokens, prefill_rows(running));
+    /* (running offers its prefill's rows as its prompt is done: with a window W, those before
+       W, while its ring still holds them, which a prefill past the ring's capacity wrote over) */
+    int offered = prefill_rows(running);
+    const tl_kv_cache *ring = running->cache;
+    if (ring->window > 0) {
+        if (offered > ring->capacity) return 0;
+        if (offered > ring->window) offered = ring->window;
+    }
+    return tl_prefix_pool_common(waiting->tokens, takeable_rows(waiting), running->tokens, offered);
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.

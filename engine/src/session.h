@@ -160,9 +160,11 @@ void tl_session_take_prefix_late(tl_session *s);
 /* What such a session (else -1) could hold of its prompt without computing it: its rows, or
    the pool's longest prefix now. */
 int tl_session_prefix_reach(const tl_session *s);
-/* How many rows of waiting's prompt (all but its last token) a prefill of running's prompt will
-   give the pool as it is done: their common prefix, where running is still prefilling on the
-   same model at the same depth and initial state seed, unwindowed, its rows its own; else 0. */
+/* How many rows of waiting's prompt (all but its last token; with a window W, those before W) a
+   prefill of running's prompt will give the pool as it is done (with a window, the rows before
+   it, where its ring still holds them): their common prefix, where running is still
+   prefilling on the same model at the same depth and initial state seed, its rows its own;
+   else 0. */
 int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *running);
 /* Forwards the prompt's tokens up to index n (from what the cache already holds: a prefix
    from the pool), timing the prefill. */

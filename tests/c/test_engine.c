@@ -347,7 +347,8 @@ static int b_first_token(void *user, int32_t token, int position) {
 
 /* Requests of one prompt (the n choices of a server's request): the first prefills it, the
    others wait for that prefill and take its rows from the prefix pool (they computed them too,
-   in the same passes), each emitting what it emits alone on a model without a pool. */
+   in the same passes), each emitting what it emits alone on a model without a pool; with
+   windows too. */
 static void shared_prefill(const char *dir) {
     tl_model *pooled = NULL, *cold = NULL;
     tl_load_options o;
@@ -405,6 +406,41 @@ static void shared_prefill(const char *dir) {
         CHECK(fresh == 1 && from_pool == CHOICES - 1 && computed == LEN - opened + CHOICES - 1,
               "%s: %d choices computed the prompt, %d took it from the pool (want 1 and %d), %d prompt rows computed (want %d)",
               warm ? "a head pooled" : "cold", fresh, from_pool, CHOICES - 1, computed, LEN - opened + CHOICES - 1);
+    }
+    /* With windows (cache_window W): a session's rows before W are an unwindowed session's, so
+       the first (W 28) lends its first 28 rows, and the others wait for them: a plain one takes
+       the 28 (and computes the rest), those of W 20 and 24 their 20 and 24 (windowed sessions
+       neither waited nor lent before). */
+    {
+        int32_t prompt[LEN];
+        for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 31 + 11) % 300);
+        const int windows[CHOICES] = {28, 0, 20, 24}, want_reused[CHOICES] = {0, 28, 20, 24};
+        tl_generate_config cfgs[CHOICES];
+        uint64_t ids[CHOICES] = {0};
+        for (int c = 0; c < CHOICES; c++) {
+            tl_generate_config_init(&cfgs[c]);
+            cfgs[c].max_tokens = GEN;
+            cfgs[c].ignore_eos = 1;
+            cfgs[c].temperature = 0.9f;
+            cfgs[c].sample_seed = (uint64_t)(60 + c);
+            cfgs[c].cache_window = windows[c];
+            tl_session *s = NULL;
+            CHECK(tl_session_new(pooled, prompt, LEN, &cfgs[c], &s) == TL_OK && tl_engine_submit(e, s, &ids[c]) == TL_OK,
+                  "windowed choice %d: %s", c, tl_last_error());
+        }
+        for (int c = 0; c < CHOICES; c++) {
+            tl_engine_update u;
+            int32_t got[GEN], want[LEN + GEN];
+            const int n_got = read_tokens(e, ids[c], got, GEN, &u);
+            int n_want = 0;
+            CHECK(tl_generate(cold, prompt, LEN, &cfgs[c], want, LEN + GEN, &n_want, NULL) == TL_OK, "%s", tl_last_error());
+            CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == GEN && !memcmp(got, want + LEN, sizeof got),
+                  "window %d: not its tokens alone on a cold model", windows[c]);
+            CHECK(u.stats.prompt_tokens_reused == want_reused[c] && u.stats.prefill_tokens == LEN - want_reused[c],
+                  "window %d: %d prompt rows from the pool, %d computed (want %d and %d)", windows[c],
+                  u.stats.prompt_tokens_reused, u.stats.prefill_tokens, want_reused[c], LEN - want_reused[c]);
+            tl_engine_cancel(e, ids[c]);
+        }
     }
     tl_engine_counters c;
     tl_engine_get_counters(e, &c);
