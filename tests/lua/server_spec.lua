@@ -265,8 +265,9 @@ describe("server", function()
                               count(body, 'tinyloop_requests_total{endpoint="/health",status="404"}')
         assert.equal(404, (curl(base .. "/x/health")))
         assert.equal(404, (curl("-d '{}' " .. base .. "/llm/v1/completions")))
+        assert.equal(404, (curl(base .. "/v1/models/"))) -- (a family's path without its id)
         local after = select(2, curl(base .. "/metrics"))
-        assert.same({ other + 2, health }, { count(after, 'tinyloop_requests_total{endpoint="other",status="404"}'),
+        assert.same({ other + 3, health }, { count(after, 'tinyloop_requests_total{endpoint="other",status="404"}'),
                                              count(after, 'tinyloop_requests_total{endpoint="/health",status="404"}') })
         -- the stored responses' memory (scripts/serve's 64 MB)
         local capacity = metric(body, 'tinyloop_responses_store_bytes{kind="capacity"}')
@@ -318,6 +319,12 @@ describe("server", function()
         end
         local status, answer = post(cjson.encode({ prompt = "It is", max_tokens = 1 }), "-H 'Host: rebind.evil.example'")
         assert.equal(403, status, answer)
+        -- a name that starts like an address or a local name is none (an address is the whole
+        -- name: a rebinding domain may read 1.2.3.4.evil.example)
+        for _, host in ipairs({ "1.2.3.4.evil.example", "127.0.0.1.nip.io:" .. port, "localhost.evil.example" }) do
+            status, answer = curl("-H " .. quote("Host: " .. host) .. " " .. base .. "/v1/models")
+            assert.equal(403, status, host .. " " .. tostring(answer))
+        end
         -- this machine's names: localhost and names under it, IP addresses, no Host (HTTP/1.0)
         for _, host in ipairs({ "localhost:" .. port, "LOCALHOST", "app.localhost", "127.0.0.1:" .. port, "[::1]:" .. port,
                                 "localhost.", "host.docker.internal:" .. port, "myhost.local" }) do
@@ -450,6 +457,21 @@ describe("server", function()
             local m1 = metrics()
             assert.same({ 1, 39 }, { metric(m1, ttft) - metric(m0, ttft), metric(m1, tpot) - metric(m0, tpot) })
         end
+        -- Prometheus's histograms are cumulative: each bucket holds the ones below it, +Inf
+        -- them all (_count); the acceptance ratio is accepted over drafted
+        local m = metrics()
+        for _, family in ipairs({ "tinyloop_time_to_first_token_seconds", "tinyloop_time_per_output_token_seconds" }) do
+            local previous, last = 0, nil
+            for le, n in m:gmatch(family .. '_bucket{le="([^"]+)"} (%d+)') do
+                assert.truthy(tonumber(n) >= previous, family .. " le=" .. le .. ": " .. n .. " after " .. previous)
+                previous, last = tonumber(n), le
+            end
+            assert.same({ "+Inf", metric(m, family .. "_count") }, { last, previous })
+            assert.truthy(previous > 0, family)
+        end
+        local drafted, accepted = metric(m, "tinyloop_speculative_drafted_total"), metric(m, "tinyloop_speculative_accepted_total")
+        assert.truthy(drafted > 0 and accepted > 0, m)
+        assert.near(accepted / drafted, metric(m, "tinyloop_speculative_acceptance_ratio"), 1e-5)
     end)
 
     it("takes presence_penalty, frequency_penalty and logit_bias: the tokens of a session with them", function()
@@ -2476,7 +2498,8 @@ describe("responses (OpenAI's Responses API)", function()
                       output_tokens_details = { reasoning_tokens = 0 } },
                     { input_tokens = r.usage.input_tokens, output_tokens = r.usage.output_tokens, total_tokens = r.usage.total_tokens,
                       output_tokens_details = r.usage.output_tokens_details })
-        assert.equal("number", type(r.usage.input_tokens_details.cached_tokens))
+        -- (the chat request just before computed this prompt: the prefix pool's share, counted)
+        assert.equal(chat.usage.prompt_tokens - 1, r.usage.input_tokens_details.cached_tokens)
         -- the request's settings, echoed (OpenAI's defaults where left out: it is stored)
         assert.same({ "Be brief.", 12, 0.8, { k = "v" }, true, "auto", {}, { format = { type = "text" }, verbosity = "medium" }, true },
                     { r.instructions, r.max_output_tokens, r.temperature, r.metadata, r.store, r.tool_choice, r.tools, r.text,
@@ -2883,6 +2906,14 @@ describe("messages (Anthropic's Messages API)", function()
         r = cjson.decode(body)
         assert.same({ "stop_sequence", stop }, { r.stop_reason, r.stop_sequence })
         assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.content[1].text)
+        -- a stop token (vLLM's stop_token_ids, which this endpoint takes too) is the model's
+        -- own end: end_turn, with no stop_sequence (it said stop_sequence and the token's id)
+        local m = assert(tinyloop.load(MODEL))
+        status, body = post_messages({ system = "Be brief.", messages = asked, max_tokens = 12, seed = 5, temperature = 0.8,
+                                       ignore_eos = true, stop_token_ids = m:encode(free) })
+        m:close()
+        r = cjson.decode(body)
+        assert.same({ 200, "end_turn", cjson.null }, { status, r.stop_reason, r.stop_sequence })
         -- a final assistant message is continued (a prefill), as chat's continue_final_message does
         local begun = { messages[1], messages[2], { role = "assistant", content = "She is" } }
         local continued = cjson.decode(select(2, post_chat({ messages = begun, continue_final_message = true, max_tokens = 6,
@@ -2922,6 +2953,8 @@ describe("messages (Anthropic's Messages API)", function()
             if e.type == "content_block_delta" then
                 assert.same({ 0, "text_delta" }, { e.index, e.delta.type })
                 text[#text + 1] = e.delta.text
+            elseif e.type == "content_block_start" or e.type == "content_block_stop" then
+                assert.equal(0, e.index, e.type) -- (a block stops under its start's index)
             end
         end
         assert.equal(whole.content[1].text, table.concat(text))
@@ -3126,7 +3159,9 @@ describe("Ollama's API", function()
         local final = objects[#objects]
         assert.same({ "length", chat.usage.prompt_tokens, 12, 0 },
                     { final.done_reason, final.prompt_eval_count, final.eval_count, final.load_duration })
-        assert.truthy(final.eval_duration > 0 and final.total_duration >= final.eval_duration)
+        -- (the whole: the prompt's evaluation and the generation's)
+        assert.truthy(final.eval_duration > 0 and final.prompt_eval_duration > 0 and
+                      final.total_duration >= final.prompt_eval_duration + final.eval_duration, body)
         req.stream = false
         status, body = post_to("/api/chat", req)
         assert.equal(200, status, body)
@@ -3345,6 +3380,12 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         local word = free:match("^.-(%a%a)")
         r = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0, stop = { word } })
         assert.same({ "word", word, free:sub(1, free:find(word, 1, true) - 1) }, { r.stop_type, r.stopping_word, r.content })
+        -- a stop token (stop_token_ids) is a stop word with no text; n_predict 0 predicts none
+        local first_id = ok("/completion", { prompt = "It is a truth", n_predict = 1, temperature = 0, return_tokens = true }).tokens[1]
+        r = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0, stop_token_ids = { first_id } })
+        assert.same({ "word", "", 1 }, { r.stop_type, r.stopping_word, r.tokens_predicted })
+        r = ok("/completion", { prompt = "It is a truth", n_predict = 0 })
+        assert.same({ "limit", 0, "" }, { r.stop_type, r.tokens_predicted, r.content })
         -- a temperature below 0 is greedy (llama.cpp's rule), not refused
         assert.equal(free, ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = -1 }).content)
         -- truncated: the context filled before the end (llama.cpp's meaning), not a n_predict reached
@@ -5594,6 +5635,11 @@ describe("scripts/serve options", function()
             assert.truthy(cjson.decode(body).error.message:find("not this server's", 1, true))
             status, body = curl("-H 'Authorization: Bearer k3y' " .. url .. "/api/tags")
             assert.same({ 401, "the API key is not this server's" }, { status, cjson.decode(body).error }) -- (Ollama's shape)
+            -- the key whole: one that starts with it, or that it starts, is another
+            for _, wrong in ipairs({ "k3y!!", "k3y!EXTRA", "k3", "K3Y!" }) do
+                assert.equal(401, (curl("-H " .. quote("Authorization: Bearer " .. wrong) .. " " .. url .. "/v1/models")), wrong)
+                assert.equal(401, (curl("-H " .. quote("x-api-key: " .. wrong) .. " " .. url .. "/v1/models")), wrong)
+            end
             status, body = curl("-H 'x-api-key: wrong' -d '{}' " .. url .. "/v1/messages")
             assert.same({ 401, "error", "authentication_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
             assert.equal(200, (curl(url .. "/metrics")))
@@ -5616,12 +5662,14 @@ describe("scripts/serve options", function()
             assert.equal(401, (curl(url .. "/nowhere")))
             -- CORS: an allowed page's preflight is answered without the key (browsers send none
             -- there), and every answer to it says the origin may read it (a 401, a stream too)
+            -- (the headers it asks for are allowed as asked: an SDK's own, x-stainless-os, was
+            -- refused by a browser where a fixed list answered)
             local headers = sh("curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://localhost:3000' " ..
-                               "-H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization' " ..
+                               "-H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization,x-stainless-os' " ..
                                url .. "/v1/chat/completions"):lower()
             assert.truthy(headers:find("^http/1.1 204"), headers)
             assert.truthy(headers:find("access-control-allow-origin: http://localhost:3000", 1, true), headers)
-            assert.truthy(headers:find("access-control-allow-headers: authorization", 1, true), headers)
+            assert.truthy(headers:find("access-control-allow-headers: authorization,x-stainless-os", 1, true), headers)
             assert.truthy(headers:find("access-control-allow-methods: get, post, delete, options", 1, true), headers)
             -- --responses-store-mb 0: no response is stored, and the answers say so
             status, body = curl("-H 'Authorization: Bearer k3y!' -d '{\"input\": \"hi\", \"max_output_tokens\": 1}' " ..
@@ -6495,6 +6543,8 @@ describe("server request parsing", function()
             ["\237\160"] = R .. R, ["\237\160\128"] = R:rep(3), -- a surrogate's lead is no character
             ["\244\144\128\128"] = R:rep(4),         -- past U+10FFFF
             ["\192\175"] = R:rep(2),                   -- an overlong "/"
+            ["\224\128\175"] = R:rep(3),              -- the same in three bytes (E0 takes A0 to BF next)
+            ["\240\143\191\191"] = R:rep(4),         -- an overlong U+FFFF (F0 takes 90 to BF next)
         }) do
             assert.equal(want, fix(bytes), bytes)
         end

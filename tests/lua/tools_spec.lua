@@ -94,6 +94,9 @@ describe("tinyloop.tools.check", function()
         for _, name in ipairs({ "", "a b", ("x"):rep(65), "é" }) do
             refused({ fn({ name = name }) }, nil, nil, "tools", "tools[0].function.name must be 1 to 64 letters, digits, underscores or dashes")
         end
+        for _, name in ipairs({ "x", ("x"):rep(64), "a-b_C9" }) do -- (the bounds themselves are names)
+            assert.truthy(tools.check({ fn({ name = name }) }, "auto"), name)
+        end
         refused({ NOW, NOW }, nil, nil, "tools", "tools[1].function.name 'now' is declared twice")
         local many = {}
         for i = 1, 129 do many[i] = fn({ name = "f" .. i }) end
