@@ -54,6 +54,18 @@ static void test_modes(void) {
           st.depth_histogram[3]);
     CHECK(st.loops_used < 8 && st.loops_used > 3, "margin mode loops_used %g", st.loops_used);
 
+    /* min_L at max_loops itself is a depth it reaches (only past it is refused): every token
+       at full depth, as plain decoding */
+    tl_generate_config at_max = cfg;
+    at_max.loops = at_max.early_exit_min_L = tl_model_info(model)->max_loops;
+    int32_t deepest[CAP];
+    int n_deepest = 0;
+    CHECK(tl_generate(model, (const int32_t[4]){4, 8, 15, 16}, 4, &at_max, deepest, CAP, &n_deepest, NULL) == TL_OK,
+          "early_exit_min_L = max_loops = %d: %s", at_max.loops, tl_last_error());
+    at_max.early_exit_min_L++;
+    CHECK_ERROR(tl_generate(model, (const int32_t[4]){4, 8, 15, 16}, 4, &at_max, deepest, CAP, &n_deepest, NULL),
+                TL_ERR_INVALID_ARGUMENT, "is past max_loops");
+
     /* Hidden-state mode with a loose threshold: loops_used drops (a probe needs the previous
        probe's argmax to agree, so the earliest exit is min_L + peek_every). */
     cfg.early_exit_logit_margin = 0.0f;

@@ -325,6 +325,50 @@ static void kv_budget(const char *dir) {
     CHECK(c.kv_reserved_bytes == 0 && c.kv_waiting == 0 && c.active == 0, "all ended: reserved %lld, waiting %d",
           (long long)c.kv_reserved_bytes, c.kv_waiting);
     tl_engine_free(e);
+
+    /* A budget of exactly one request's share: that request is taken and runs (a share equal
+       to the budget fits it); one cancelled in the middle of a step gives its share back, and
+       the next runs (it kept the share: the engine waited for memory for good). */
+    eo.kv_budget_bytes = big_share;
+    eo.max_active = 2;
+    CHECK(tl_engine_new(model, &eo, &e) == TL_OK, "%s", tl_last_error());
+    hold_reset();
+    uint64_t a_id = 0, b_id = 0;
+    tl_session *a = new_session(prompts[0], &held);
+    const bool a_taken = tl_engine_submit(e, a, &a_id) == TL_OK && a_id > 0;
+    CHECK(a_taken, "a share equal to the budget: %s", tl_last_error());
+    if (a_taken) {
+        hold_wait_calls(1); /* (A inside its first step) */
+        tl_engine_cancel(e, a_id);
+    } else {
+        tl_session_free(a);
+    }
+    hold_release(HOLD_CALLS);
+    CHECK(tl_engine_submit(e, new_session(prompts[1], &cfg), &b_id) == TL_OK && b_id > 0, "B: %s", tl_last_error());
+    int32_t want_b[80], got_b[80];
+    int n_want_b = 0;
+    CHECK(tl_generate(model, prompts[1], 4, &cfg, want_b, 80, &n_want_b, NULL) == TL_OK, "%s", tl_last_error());
+    /* (admitted within 10 s, else read_tokens would wait for good) */
+    tl_engine_counters admitted;
+    tl_engine_get_counters(e, &admitted);
+    for (int spins = 0; spins < 10000 && admitted.queued > 0; spins++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        tl_engine_get_counters(e, &admitted);
+    }
+    CHECK(admitted.queued == 0, "B still queued after A's cancel: reserved %lld of %lld", (long long)admitted.kv_reserved_bytes,
+          (long long)eo.kv_budget_bytes);
+    const int n_got_b = admitted.queued == 0 ? read_tokens(e, b_id, got_b, 80, &u) : 0;
+    CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got_b == n_want_b - 4 &&
+              !memcmp(got_b, want_b + 4, (size_t)n_got_b * sizeof *got_b),
+          "B after A's cancel: %d tokens (want %d), state %d", n_got_b, n_want_b - 4, (int)u.state);
+    tl_engine_cancel(e, b_id);
+    tl_engine_get_counters(e, &c);
+    for (int spins = 0; spins < 2000 && (c.kv_reserved_bytes != 0 || c.active != 0); spins++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        tl_engine_get_counters(e, &c);
+    }
+    CHECK(c.kv_reserved_bytes == 0 && c.active == 0, "all ended: reserved %lld", (long long)c.kv_reserved_bytes);
+    tl_engine_free(e);
 }
 
 enum { LATER_REQUESTS = 8, LATER_TOKENS = 24 };
@@ -406,6 +450,30 @@ static void shared_prefill(const char *dir) {
         CHECK(fresh == 1 && from_pool == CHOICES - 1 && computed == LEN - opened + CHOICES - 1,
               "%s: %d choices computed the prompt, %d took it from the pool (want 1 and %d), %d prompt rows computed (want %d)",
               warm ? "a head pooled" : "cold", fresh, from_pool, CHOICES - 1, computed, LEN - opened + CHOICES - 1);
+    }
+    /* A prompt of 17 tokens: its 16 rows before the last are exactly a page, enough to wait
+       for (a wait needs a page of rows more than the pool gives now) */
+    {
+        int32_t prompt[17];
+        for (int i = 0; i < 17; i++) prompt[i] = (int32_t)((i * 43 + 9) % 300);
+        uint64_t ids[2] = {0};
+        tl_generate_config one_page;
+        tl_generate_config_init(&one_page);
+        one_page.max_tokens = 3;
+        one_page.ignore_eos = 1;
+        for (int c = 0; c < 2; c++) {
+            tl_session *s = NULL;
+            CHECK(tl_session_new(pooled, prompt, 17, &one_page, &s) == TL_OK && tl_engine_submit(e, s, &ids[c]) == TL_OK,
+                  "page choice %d: %s", c, tl_last_error());
+        }
+        tl_engine_update u;
+        read_to_end(e, ids[0], &u);
+        tl_engine_cancel(e, ids[0]);
+        read_to_end(e, ids[1], &u);
+        CHECK(u.state == TL_ENGINE_FINISHED && u.stats.prompt_tokens_reused == 16 && u.stats.prefill_tokens == 1,
+              "the second of a 17-token prompt: %d rows from the pool, %d computed (want 16 and 1)", u.stats.prompt_tokens_reused,
+              u.stats.prefill_tokens);
+        tl_engine_cancel(e, ids[1]);
     }
     /* With windows (cache_window W): a session's rows before W are an unwindowed session's, so
        the first (W 28) lends its first 28 rows, and the others wait for them: a plain one takes
@@ -989,6 +1057,34 @@ int main(int argc, char **argv) {
               beam_calls_after_cancel, beam_calls);
     }
 
+    /* One place and step_rows 2: a prompt goes forward one row an iteration (the step's rows
+       less the running requests' one each), a 40-token prompt over 40 iterations, 39 of them
+       partial, then the second token (a cap one lower, 0 rows, prefilled the prompt whole). */
+    {
+        tl_engine_options narrow;
+        tl_engine_options_init(&narrow);
+        narrow.max_active = 1, narrow.step_rows = 2;
+        tl_engine *one_row = NULL;
+        CHECK(tl_engine_new(model, &narrow, &one_row) == TL_OK, "%s", tl_last_error());
+        int32_t long_prompt[40];
+        for (int k = 0; k < 40; k++) long_prompt[k] = (int32_t)((k * 37 + 5) % 300);
+        tl_generate_config two;
+        tl_generate_config_init(&two);
+        two.max_tokens = 2;
+        two.ignore_eos = 1;
+        tl_session *session = NULL;
+        uint64_t id = 0;
+        CHECK(tl_session_new(model, long_prompt, 40, &two, &session) == TL_OK && tl_engine_submit(one_row, session, &id) == TL_OK,
+              "%s", tl_last_error());
+        tl_engine_update last;
+        CHECK(read_to_end(one_row, id, &last) == 2 && last.state == TL_ENGINE_FINISHED, "2 tokens");
+        tl_engine_counters cc;
+        tl_engine_get_counters(one_row, &cc);
+        CHECK(cc.partial_prefills == 39 && cc.iterations == 41 && cc.rows == 2,
+              "a 40-token prompt at one row an iteration: %llu partial prefills, %llu iterations, %llu rows (want 39, 41, 2)",
+              (unsigned long long)cc.partial_prefills, (unsigned long long)cc.iterations, (unsigned long long)cc.rows);
+        tl_engine_free(one_row);
+    }
     /* Chunked prefill: with step_rows = 9 and three requests, long prompts are forwarded at
        most 8 rows an iteration (6 once all three run) while a short request goes on
        emitting; every request's tokens are tl_generate's. */

@@ -467,6 +467,9 @@ static void test_openapi_and_generators(void) {
        need not write): {"format": "date"} was refused in strict mode and any value loosely */
     static const struct { const char *schema, *in, *out; } narrowed[] = {
         {"{\"minLength\":2}", "\"ab\"", "5"},
+        /* bounds that meet: a length of exactly 3; minimum 5 with exclusiveMinimum 5 is above 5 */
+        {"{\"type\":\"string\",\"minLength\":3,\"maxLength\":3}", "\"abc\"", "\"ab\""},
+        {"{\"type\":\"integer\",\"minimum\":5,\"exclusiveMinimum\":5}", "6", "5"},
         {"{\"format\":\"date\",\"description\":\"d\"}", "\"2024-02-29\"", "\"x\""},
         {"{\"pattern\":\"^a+$\"}", "\"aa\"", "true"},
         {"{\"minimum\":0,\"exclusiveMaximum\":5}", "4.5", "5"},

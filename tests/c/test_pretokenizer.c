@@ -10,8 +10,11 @@
  */
 #define _DEFAULT_SOURCE /* mkdtemp */
 #include "check.h"
+#include "pretokenizer.h"
 #include "tinyloop.h"
 #include "tokenizer.h"
+
+#include <cjson/cJSON.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -162,6 +165,15 @@ static void expect_error(const char *pre, const char *needle)
 }
 
 #define BL "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}"
+
+typedef struct { char *out; size_t cap; } piece_text; /* "[piece]" each, appended */
+static int append_piece(void *ctx, const unsigned char *piece, size_t n)
+{
+    piece_text *into = ctx;
+    const size_t used = strlen(into->out);
+    snprintf(into->out + used, into->cap - used, "[%.*s]", (int)n, (const char *)piece);
+    return 0;
+}
 #define SEQ(...) "{\"type\": \"Sequence\", \"pretokenizers\": [" __VA_ARGS__ "]}"
 
 static void test_errors(void)
@@ -369,6 +381,44 @@ static void test_model_load(const char *data)
     rmdir(dir);
 }
 
+/* The pieces a pre-tokenizer cuts `text` into, "[piece]" each, in out. */
+static void pieces_of(const char *pre, const char *text, char *out, size_t cap)
+{
+    char json[1024], err[256] = "";
+    snprintf(json, sizeof json, "{\"pre_tokenizer\": %s}", pre);
+    cJSON *root = cJSON_Parse(json);
+    tl_tlz_pretok *p = NULL;
+    out[0] = '\0';
+    if (!root || tl_tlz_pretok_parse(root, &p, err, sizeof err) != TLZ_OK) {
+        snprintf(out, cap, "parse error: %s", err);
+        cJSON_Delete(root);
+        return;
+    }
+    tl_tlz_pretok_scratch *scratch = tl_tlz_pretok_scratch_new(p);
+    piece_text into = {out, cap};
+    tl_tlz_pretok_run(p, scratch, text, strlen(text), append_piece, &into, err, sizeof err);
+    tl_tlz_pretok_scratch_free(scratch);
+    tl_tlz_pretok_free(p);
+    cJSON_Delete(root);
+}
+
+/* Split's edges, as Hugging Face's tokenizers cut them: a delimiter merged with the piece
+   before it stands alone where it follows another (a--b is a-, -, b); a quantifier "{,}"
+   with no bound is literal text in Oniguruma (Ruby's {,n} is {0,n}, rewritten; {,} was too). */
+static void test_split_edges(void)
+{
+    char got[256];
+    pieces_of(SEQ("{\"type\": \"Split\", \"pattern\": {\"String\": \"-\"}, \"behavior\": \"MergedWithPrevious\"}, " BL),
+              "a--b", got, sizeof got);
+    CHECK(strcmp(got, "[a-][-][b]") == 0, "MergedWithPrevious on a--b: %s", got);
+    pieces_of(SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a{,}\"}, \"behavior\": \"Isolated\"}, " BL), "aa{,}b",
+              got, sizeof got);
+    CHECK(strcmp(got, "[a][a{,}][b]") == 0, "the regex a{,} on aa{,}b: %s", got);
+    pieces_of(SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a{,2}\"}, \"behavior\": \"Isolated\"}, " BL), "aaab",
+              got, sizeof got);
+    CHECK(strcmp(got, "[aa][a][b]") == 0, "the regex a{,2} (Ruby's {0,2}) on aaab: %s", got);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -379,6 +429,7 @@ int main(int argc, char **argv)
     test_errors();
     test_match_limit();
     test_ruby_syntax();
+    test_split_edges();
     test_invalid_utf8(argv[1]);
     test_model_load(argv[1]);
     return check_summary();

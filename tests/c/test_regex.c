@@ -55,6 +55,8 @@ static void test_tables(void) {
     { static const char *y[] = {"x", "\n", NULL}, *n[] = {"", "xy", NULL}; expect("[^]", y, n); }
     { static const char *y[] = {NULL}, *n[] = {"", "a", NULL}; expect("[]", y, n); }
     { static const char *y[] = {"a", "", NULL}, *n[] = {"b", "aa", NULL}; expect("a|", y, n); }
+    /* a range of one character is no reversed range */
+    { static const char *y[] = {"ab", NULL}, *n[] = {"bb", "b", NULL}; expect("[a-a]b", y, n); }
     { static const char *y[] = {"", NULL}, *n[] = {"a", NULL}; expect("()", y, n); }
     /* \s is ECMA-262's white space, controls included outside a JSON string */
     { static const char *y[] = {" \t\n\v\f\rx", "\xc2\xa0\xe3\x80\x80y", "z", NULL}, *n[] = {"  ", "x ", NULL};
