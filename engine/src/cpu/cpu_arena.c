@@ -1,5 +1,5 @@
 /* cpu_arena.c: the CPU backend's buffers (tl_backend.alloc / free): small blocks carved
- * from 2 MiB chunks of transparent huge pages, larger ones from the C heap.
+ * from 2 MiB chunks of transparent huge pages, larger ones mapped on their own.
  *
  * Why: KV pages are allocated while decoding, 16 rows of one slot at a time. From the C
  * heap every fresh 4 KiB of them was a page fault on first touch; on a VM with costly
@@ -14,7 +14,8 @@
  * next one blocks are carved from), else the whole pages inside the freed block. A burst
  * of sessions left the process at its peak for as long as the model lived (300 sessions
  * of the shipped model closed: 1.4 GB resident, where the model's K/V spares were 64
- * MiB). The chunks are unmapped when the backend closes. Every block, from a chunk or the
+ * MiB). The chunks are unmapped when the backend closes. Larger blocks are mappings of their
+ * own (MAP_MIN_BYTES and up) or from the C heap. Every block, from a chunk, a mapping or the
  * heap, has a 64-byte header before it saying which. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include <pthread.h>
@@ -27,20 +28,31 @@
 
 #define CHUNK_BYTES ((size_t)2 << 20)
 #define HEADER 64                         /* keeps the block 64-byte aligned */
-#define ARENA_MAX_BLOCK ((size_t)256 << 10) /* larger blocks: the C heap */
-#define SIZE_CLASSES 16                   /* distinct block sizes kept; others: the C heap */
+/* Blocks up to a quarter chunk, header included (a 256 KiB buffer and its header, the
+   shipped model's workspace rows, passed the 256 KiB this was and went to the heap) */
+#define ARENA_MAX_BLOCK (CHUNK_BYTES / 4)
+#define SIZE_CLASSES 16                   /* distinct block sizes kept; others: the C heap or a mapping */
 #define FROM_HEAP UINT32_MAX
+#define FROM_MAP (UINT32_MAX - 1)
+/* A block past the arena's of this size or more is a mapping of its own, unmapped when freed:
+   from glibc's heap, a session's buffers of 256 KiB to a few MiB came from sbrk's top once
+   glibc had raised its mmap threshold to their size (at the first such block freed), and a
+   burst of sessions, closed, left the heap at its peak behind a later small allocation (300
+   sessions of the shipped model: 160 MB resident, in use 0.5) */
+#define MAP_MIN_BYTES ((size_t)128 << 10)
 /* Free blocks kept resident for the next allocations (beside the model's K/V spares,
    kv_cache.h, which are pages kept whole): past it, freed blocks are trimmed. */
 #define ARENA_IDLE_BYTES ((size_t)16 << 20)
 #define OS_PAGE ((uintptr_t)4096)
 
 typedef struct block_header {
-    uint32_t size_class; /* index into the arena's classes, or FROM_HEAP */
+    uint32_t size_class; /* index into the arena's classes, FROM_HEAP or FROM_MAP */
     uint32_t chunk;      /* index into the arena's chunks */
     uint32_t trimmed;    /* on a free list: its whole pages past the header's were given back */
     struct block_header *next_free, *prev_free; /* on its class's free list */
+    size_t mapped_bytes; /* FROM_MAP: the mapping's length */
 } block_header;
+_Static_assert(sizeof(block_header) <= HEADER, "the block header fits before the block");
 
 typedef struct size_class {
     size_t bytes;             /* header included; 0 = unused */
@@ -210,7 +222,17 @@ static block_header *arena_block(tl_cpu_arena *a, size_t bytes) {
 void *tl_cpu_arena_alloc(tl_cpu_arena *a, size_t bytes) {
     const size_t total = HEADER + ((bytes + 63) & ~(size_t)63);
     block_header *h = a && total <= ARENA_MAX_BLOCK ? arena_block(a, total) : NULL;
-    if (!h) {
+    if (!h && total >= MAP_MIN_BYTES) {
+        const size_t length = (total + OS_PAGE - 1) & ~(size_t)(OS_PAGE - 1);
+        void *mapped = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mapped == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+        if (length >= CHUNK_BYTES) madvise(mapped, length, MADV_HUGEPAGE); /* (fewer faults; advisory) */
+#endif
+        h = mapped; /* (zero pages) */
+        h->size_class = FROM_MAP;
+        h->mapped_bytes = length;
+    } else if (!h) {
         if (!(h = tl_alloc_aligned(total))) return NULL;
         h->size_class = FROM_HEAP;
     }
@@ -222,6 +244,10 @@ void tl_cpu_arena_release(tl_cpu_arena *a, void *p) {
     block_header *h = (block_header *)((uint8_t *)p - HEADER);
     if (h->size_class == FROM_HEAP) {
         tl_free_aligned(h);
+        return;
+    }
+    if (h->size_class == FROM_MAP) {
+        munmap(h, h->mapped_bytes);
         return;
     }
     pthread_mutex_lock(&a->lock);
