@@ -119,7 +119,7 @@ int main(void) {
        300 sessions of the shipped model, closed, left 160 MB resident). */
     {
         enum { BIG = 200, BIG_BLOCK = 786432 }; /* a GPT-2 session's largest buffers: 150 MiB */
-        static void *big[BIG], *pins[BIG];
+        static void *big[BIG], *pins[2][BIG];
         static size_t big_sizes[BIG];
         for (int i = 0; i < BIG; i++) big_sizes[i] = BIG_BLOCK;
         for (int round = 0; round < 2; round++) {
@@ -127,7 +127,7 @@ int main(void) {
                 big[i] = tl_cpu_arena_alloc(a, BIG_BLOCK);
                 CHECK(big[i] && (uintptr_t)big[i] % 64 == 0 && all_zero(big[i], BIG_BLOCK), "large block %d", i);
                 if (big[i]) memset(big[i], 1 + i % 250, BIG_BLOCK);
-                pins[i] = malloc(64); /* (a session's small allocations, made between) */
+                pins[round][i] = malloc(64); /* (a session's small allocations, made between) */
             }
             check_fills(big, big_sizes, 0, BIG, "large blocks");
             const long peak = resident_kib();
@@ -136,10 +136,10 @@ int main(void) {
             CHECK(peak - after > 120 * 1024, "round %d: 150 MiB of large blocks freed: %ld KiB resident at the peak, %ld "
                   "after (want at least 120 MiB fewer)", round + 1, peak, after);
             if (round == 0)
-                for (int i = 0; i < BIG; i += 2) free(pins[i]); /* (the odd ones stay: the heap's top is in use) */
+                for (int i = 0; i < BIG; i += 2) free(pins[0][i]); /* (the odd ones stay: the heap's top is in use) */
         }
-        for (int i = 1; i < BIG; i += 2) free(pins[i]);
-        for (int i = 0; i < BIG; i += 2) free(pins[i]);
+        for (int i = 1; i < BIG; i += 2) free(pins[0][i]);
+        for (int i = 0; i < BIG; i++) free(pins[1][i]);
     }
 
     /* Many distinct sizes (more than the arena keeps classes for), odd ones, a zero-byte
