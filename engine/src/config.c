@@ -522,7 +522,12 @@ int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *w
     if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB && (unsigned char)text[2] == 0xBF)
         return snprintf(why, why_len, "starts with a UTF-8 byte order mark, which JSON does not allow"), -1;
     const char *end = NULL;
+    /* (in the C locale: cJSON writes a number's '.' as the locale's decimal point, its first
+       byte, then calls strtod; where that point is two bytes, ps_AF's U+066B, every fraction
+       was refused, and a good config.json read as out of memory) */
+    void *callers = tl_enter_c_locale();
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    tl_leave_c_locale(callers);
     if (!root) {
         if (check_json_bytes(text, len, why, why_len) == 0 && tl_json_value_parses(text, len))
             return snprintf(why, why_len, "out of memory while reading %zu bytes of JSON", len), -2;

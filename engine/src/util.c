@@ -57,7 +57,14 @@ tl_status tl_fail(tl_status status, const char *fmt, ...) {
     const int n = vsnprintf(whole, sizeof whole, fmt, ap);
     va_end(ap);
     tl_leave_c_locale(callers);
-    const size_t len = n < 0 ? 0 : (size_t)n < sizeof whole ? (size_t)n : sizeof whole - 1;
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof whole ? (size_t)n : sizeof whole - 1;
+    if ((size_t)n > len && len > 0) { /* (cut by the buffer: not inside a character) */
+        const size_t last = character_start(whole, len - 1);
+        const unsigned char lead = (unsigned char)whole[last];
+        const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (last + need > len) len = last;
+        whole[len] = '\0';
+    }
     if (len < sizeof last_error) {
         memcpy(last_error, whole, len + 1);
     } else {
@@ -296,13 +303,16 @@ tl_status tl_create_beside(const char *path, int *fd, char **temp) {
     for (int attempt = 0; attempt < 100; attempt++) {
         snprintf(name, n, "%.*s.%.64s.tmp-%ld-%u", dir_len, path, path + dir_len, (long)getpid(),
                  atomic_fetch_add(&counter, 1));
-        *fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        /* (replacing a file: created as its owner's bits alone, so that no one who may not
+           read the file it replaces opens this one before its mode and owner are that
+           file's: permissions are checked at open) */
+        *fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, replacing ? (sb.st_mode & 0700) : 0666);
         if (*fd >= 0) {
             if (replacing) {
-                /* before a byte is written; an owner other than ours only as root (else
-                   EPERM, and the group alone where we are in it), as sed -i and vim do */
-                (void)fchmod(*fd, sb.st_mode & 0777); /* (no set-id bits on a file we wrote) */
+                /* the owner first (another than ours only as root, else EPERM, and the group
+                   alone where we are in it), then the mode, as sed -i and vim do */
                 if (fchown(*fd, sb.st_uid, sb.st_gid) != 0) (void)fchown(*fd, (uid_t)-1, sb.st_gid);
+                (void)fchmod(*fd, sb.st_mode & 0777); /* (no set-id bits on a file we wrote) */
             }
             *temp = name;
             return TL_OK;

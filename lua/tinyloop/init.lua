@@ -45,12 +45,21 @@ pcall(ffi.cdef, "void *malloc(size_t size); void free(void *ptr);") -- (declared
 local libc = ffi.C
 
 -- n floats: ffi.new's within its limit, else malloc's (freed when collected); nil, err where
--- there is no memory for them.
+-- there is no memory for them. The collector sees a malloc'd array as a pointer's few bytes:
+-- while any is held, each new one first runs a full collection (a loop of scores dropped
+-- them unfreed between collections, hundreds at a time, each past 2 GB).
+local malloced_bytes = 0
 local function float_array(n, what)
     if n * 4 <= limits.ffi_array_bytes then return ffi_new("float[?]", n) end
-    local memory = libc.malloc(n * 4)
-    if memory == nil then return nil, ("%s: out of memory (%.0f bytes of results)"):format(what, n * 4) end
-    return ffi_gc(ffi_cast("float *", memory), libc.free)
+    if malloced_bytes > 0 then collectgarbage() end
+    local bytes = n * 4
+    local memory = libc.malloc(bytes)
+    if memory == nil then return nil, ("%s: out of memory (%.0f bytes of results)"):format(what, bytes) end
+    malloced_bytes = malloced_bytes + bytes
+    return ffi_gc(ffi_cast("float *", memory), function(p)
+        libc.free(p)
+        malloced_bytes = malloced_bytes - bytes
+    end)
 end
 
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)

@@ -518,6 +518,30 @@ static void very_long_path_message(void) {
     }
 }
 
+/* A message longer than the formatting buffer (8 KiB) too keeps whole UTF-8 characters: cut
+   by vsnprintf, its end was half a character (the server writes messages into JSON). */
+static bool valid_utf8(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        const int n = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
+        if (n == 0) return false;
+        for (int k = 1; k < n; k++)
+            if ((p[k] & 0xC0) != 0x80) return false;
+        p += n;
+    }
+    return true;
+}
+static void huge_message_keeps_characters(void) {
+    static char text[9001];
+    for (int shift = 0; shift < 3; shift++) {
+        memset(text, 'a', (size_t)shift);
+        for (size_t i = (size_t)shift; i + 3 <= 9000; i += 3) memcpy(text + i, "\xe2\x82\xac", 3); /* euros */
+        text[9000 - (9000 - shift) % 3] = '\0';
+        tl_fail(TL_ERR_FORMAT, "%s", text);
+        CHECK(strlen(tl_last_error()) < 1024 && valid_utf8(tl_last_error()) && strstr(tl_last_error(), " ... "),
+              "a message of %zu bytes kept as %zu bytes of valid UTF-8", strlen(text), strlen(tl_last_error()));
+    }
+}
+
 /* cJSON returns NULL for text it refuses and for a malloc that failed: the loader told them
    apart with tl_json_value_parses, which must never accept what cJSON refuses (else a bad
    file would be said to be out of memory), and should accept what cJSON reads. */
@@ -830,6 +854,7 @@ int main(int argc, char **argv) {
     special_files();
     long_path_message();
     very_long_path_message();
+    huge_message_keeps_characters();
     json_recognizer();
     json_out_of_memory();
     nonfinite_weights();

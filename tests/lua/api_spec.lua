@@ -782,6 +782,29 @@ describe("model:score", function()
         assert(ok, err)
     end)
 
+    it("frees the malloc'd results a loop drops, though the collector sees a pointer's bytes #rss", function()
+        local function resident_mb()
+            local f = assert(io.open("/proc/self/statm"))
+            local line = f:read("*l")
+            f:close()
+            return tonumber(line:match("^%d+ (%d+)")) * 4096 / 1048576
+        end
+        local ids = {}
+        for i = 1, 128 do ids[i] = i end
+        local limits = tinyloop._limits
+        local saved = limits.ffi_array_bytes
+        limits.ffi_array_bytes = 64
+        collectgarbage()
+        local before = resident_mb()
+        local ok, err = pcall(function()
+            for _ = 1, 3000 do assert(m:score(ids, 1)) end -- (160 KB of results each: 480 MB in all)
+        end)
+        limits.ffi_array_bytes = saved
+        assert(ok, err)
+        local grew = resident_mb() - before
+        assert.truthy(grew < 40, ("%.1f MB more resident after 3000 dropped results"):format(grew))
+    end)
+
     it("gives n x vocab_size logits with logit, argmax, n and vocab_size", function()
         local ids = m:encode("The cat sat")
         local sc = m:score(ids, 2)
