@@ -783,12 +783,7 @@ describe("model:score", function()
     end)
 
     it("frees the malloc'd results a loop drops, though the collector sees a pointer's bytes #rss", function()
-        local function resident_mb()
-            local f = assert(io.open("/proc/self/statm"))
-            local line = f:read("*l")
-            f:close()
-            return tonumber(line:match("^%d+ (%d+)")) * 4096 / 1048576
-        end
+        local function resident_mb() return H.rss_kb() / 1024 end
         local ids = {}
         for i = 1, 128 do ids[i] = i end
         local limits = tinyloop._limits
