@@ -669,11 +669,11 @@ tl_status tl_session_resume(const tl_model *model, const tl_session_state *state
 void tl_session_state_free(tl_session_state *state); /* NULL is a no-op */
 
 /* A saved state as bytes (*bytes freed with tl_free) or as a file (written beside `path`,
-   then renamed over it: never half a file; a file it replaces keeps its mode), read back into a state of `model`, which must
-   be the model that wrote it: its fingerprint (config.json, the weight files' headers, a
-   sample of every tensor, the token texts) and its KV type are checked, and so is a
-   checksum of the whole state (damaged or truncated: TL_ERR_FORMAT; another model:
-   TL_ERR_INVALID_ARGUMENT).
+   then renamed over it: never half a file; a file it replaces keeps its mode), read back
+   into a state of `model`, which must be the model that wrote it: its fingerprint
+   (config.json, the weight files' headers, a sample of every tensor, the token texts) and its
+   KV type are checked, and so is a checksum of the whole state (damaged or truncated:
+   TL_ERR_FORMAT; another model: TL_ERR_INVALID_ARGUMENT).
    Written: the config's numbers and stop rules, tokens, sampler position, stats and every
    KV cache entry; not written: hooks (pass them to tl_session_resume) and the time spent
    saved (decode_ms continues where it stopped). A session under a compiled grammar is

@@ -98,6 +98,11 @@ size_t tl_kv_cache_max_bytes(const tl_kv_cache *cache);
 size_t tl_kv_page_bytes(const tl_model *model);
 
 static inline int tl_kv_row(const tl_kv_cache *c, int logical) { return logical % c->capacity; }
+/* Of the rows [0, n), those an unwindowed cache's would be: with a window W, the rows before W,
+   which attend to every row before them (the window is the last W positions, a row's own
+   included); all n without a window. (Whether a ring still holds them is its entries' say.)
+   The prefix pool takes and offers these, and a serving engine's waits count them. */
+static inline int tl_kv_unwindowed_rows(const tl_kv_cache *c, int n) { return c->window > 0 && n > c->window ? c->window : n; }
 static inline tl_kv_page *tl_kv_page_of(const tl_kv_cache *c, int slot, int row) {
     return c->pages[(size_t)slot * (size_t)c->n_pages + (size_t)(row / TL_KV_PAGE_ROWS)];
 }

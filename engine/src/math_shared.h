@@ -23,9 +23,10 @@
    multiplies by the NaN input anyway. Only IEEE operations: the same bits under every CPU
    kernel family, and on the GPU when nvcc does not contract (cuda/ builds with
    -fmad=false). */
+#define TL_EXP_ACTIVATION_MAX 88.0f /* (e^88 is about 2^127, the largest power of two a float holds) */
 TL_SHARED float tl_exp_activation(float x) {
     x = x > -87.0f ? x : -87.0f;
-    x = x < 88.0f ? x : 88.0f;
+    x = x < TL_EXP_ACTIVATION_MAX ? x : TL_EXP_ACTIVATION_MAX;
     const float round_shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     const float n = (x * 1.44269504088896341f + round_shift) - round_shift;
     float r = x - n * 0.693145751953125f; /* ln 2, high bits: n * it is exact */
@@ -59,7 +60,7 @@ TL_SHARED float tl_gelu_tanh(float x) {
     /* Past the exp's clamp (88) the quotient is x e^-a < x e^-88, zero for PyTorch: divided by
        the clamped e^88 instead, gelu(-3e38) was -1.8 and gelu(-1e36) -0.006 (x * 0 is -0 there,
        and NaN for -inf, as PyTorch's 0.5 x (1 + tanh u) is). */
-    return a > 88.0f ? x * 0.0f : x / (1.0f + tl_exp_activation(a));
+    return a > TL_EXP_ACTIVATION_MAX ? x * 0.0f : x / (1.0f + tl_exp_activation(a));
 }
 
 /* SwiGLU's gate: silu(gate) * up, with the activations' exp (libm's expf was one call per
@@ -67,7 +68,7 @@ TL_SHARED float tl_gelu_tanh(float x) {
    bits as the CPU). */
 TL_SHARED float tl_swiglu(float gate, float up) {
     /* (past the exp's clamp, zero as in tl_gelu_tanh: gate * sigmoid(gate) underflows there) */
-    return (-gate > 88.0f ? gate * 0.0f : gate / (1.0f + tl_exp_activation(-gate))) * up;
+    return (-gate > TL_EXP_ACTIVATION_MAX ? gate * 0.0f : gate / (1.0f + tl_exp_activation(-gate))) * up;
 }
 
 /* splitmix64: a counter-based generator, so a draw depends only on its key. */

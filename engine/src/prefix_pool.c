@@ -33,7 +33,7 @@ struct tl_prefix_pool {
 
 /* dst (empty) takes rows [0, n) of src: shared pages, copied bookkeeping. Rows past n in the
    last shared page are overwritten (after a copy on write) when dst appends. Either may be a
-   ring (a window) whose first n rows are still its entries [0, n) (window_rows): a ring's row
+   ring (a window) whose first n rows are still its entries [0, n) (tl_kv_unwindowed_rows): a ring's row
    is its entry's index modulo its capacity, the page table's as an unwindowed cache's. */
 static void share_prefix(tl_kv_cache *dst, const tl_kv_cache *src, int n) {
     const int pages = (n + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS;
@@ -204,18 +204,10 @@ int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, i
     return len;
 }
 
-/* The rows [0, n) of a cache with a window W that are an unwindowed cache's: those before W,
-   which attend to every row before them (the window is the last W positions, a row's own
-   included); n itself without a window. (Whether the ring still holds them is the offer's
-   check of each row's entry.) */
-static int window_rows(const tl_kv_cache *cache, int n) {
-    return cache->window > 0 && n > cache->window ? cache->window : n;
-}
-
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                         tl_kv_cache *cache) {
     if (!pool || cache->length != 0) return 0;
-    n = window_rows(cache, n); /* (a windowed session's rows past its window see fewer) */
+    n = tl_kv_unwindowed_rows(cache, n); /* (a windowed session's rows past its window see fewer) */
     pthread_mutex_lock(&pool->lock);
     int best_len;
     pool_entry *best = longest_entry(pool, tokens, n, loops, state_seed, &best_len);
@@ -232,7 +224,7 @@ int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int 
 void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                           const tl_kv_cache *cache) {
     if (!pool || n < 1 || cache->length < n) return;
-    n = window_rows(cache, n);
+    n = tl_kv_unwindowed_rows(cache, n);
     /* (a ring's row may hold a later entry: once it has written past its capacity, or where a
        speculative cycle's drafts wrapped past it and were rolled back, the length below it again) */
     for (int j = 0; j < n; j++) {

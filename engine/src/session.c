@@ -298,12 +298,9 @@ static bool prefill_not_begun(const tl_session *s) {
            !s->prompt_done && !s->rows_from_bytes && s->cfg.max_tokens > 0;
 }
 
-/* The prompt rows a session may take from the pool: all but the last, and with a window W
-   those before W only (tl_prefix_pool_take's rule: the rows past it see fewer). */
-static int takeable_rows(const tl_session *s) {
-    const int rows = s->prompt_len - 1, window = s->cache->window;
-    return window > 0 && rows > window ? window : rows;
-}
+/* The prompt rows a session may take from the pool: all but the last, with a window those
+   before it (tl_prefix_pool_take's rule). */
+static int takeable_rows(const tl_session *s) { return tl_kv_unwindowed_rows(s->cache, s->prompt_len - 1); }
 
 int tl_session_prefix_reach(const tl_session *s) {
     if (!prefill_not_begun(s)) return -1;
@@ -321,15 +318,12 @@ int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *r
     if (waiting->m != running->m || running->prompt_done || running->rows_from_bytes ||
         waiting->loops != running->loops || waiting->ws.state_seed != running->ws.state_seed)
         return 0;
-    /* (running offers its prefill's rows as its prompt is done: with a window W, those before
-       W, while its ring still holds them, which a prefill past the ring's capacity wrote over) */
-    int offered = prefill_rows(running);
-    const tl_kv_cache *ring = running->cache;
-    if (ring->window > 0) {
-        if (offered > ring->capacity) return 0;
-        if (offered > ring->window) offered = ring->window;
-    }
-    return tl_prefix_pool_common(waiting->tokens, takeable_rows(waiting), running->tokens, offered);
+    /* (running offers its prefill's rows as its prompt is done: with a window, those before it,
+       while its ring still holds them, which a prefill past the ring's capacity wrote over) */
+    const int prefilled = prefill_rows(running);
+    if (running->cache->window > 0 && prefilled > running->cache->capacity) return 0;
+    return tl_prefix_pool_common(waiting->tokens, takeable_rows(waiting), running->tokens,
+                                 tl_kv_unwindowed_rows(running->cache, prefilled));
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "tokenizer.h" /* tl_tlz_utf8_seq */
 
 /* ---------------------------------------------------------------- errors */
 
@@ -60,9 +61,7 @@ tl_status tl_fail(tl_status status, const char *fmt, ...) {
     size_t len = n < 0 ? 0 : (size_t)n < sizeof whole ? (size_t)n : sizeof whole - 1;
     if ((size_t)n > len && len > 0) { /* (cut by the buffer: not inside a character) */
         const size_t last = character_start(whole, len - 1);
-        const unsigned char lead = (unsigned char)whole[last];
-        const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-        if (last + need > len) len = last;
+        if (tl_tlz_utf8_seq((const unsigned char *)whole + last, len - last) == 0) len = last; /* (unfinished) */
         whole[len] = '\0';
     }
     if (len < sizeof last_error) {

@@ -50,9 +50,9 @@ local libc = ffi.C
 -- them unfreed between collections, hundreds at a time, each past 2 GB).
 local malloced_bytes = 0
 local function float_array(n, what)
-    if n * 4 <= limits.ffi_array_bytes then return ffi_new("float[?]", n) end
-    if malloced_bytes > 0 then collectgarbage() end
     local bytes = n * 4
+    if bytes <= limits.ffi_array_bytes then return ffi_new("float[?]", n) end
+    if malloced_bytes > 0 then collectgarbage() end
     local memory = libc.malloc(bytes)
     if memory == nil then return nil, ("%s: out of memory (%.0f bytes of results)"):format(what, bytes) end
     malloced_bytes = malloced_bytes + bytes
