@@ -1051,8 +1051,22 @@ describe("server", function()
         e = expect_error(400, nil, "-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. base .. "/health", true)
         assert.equal("the request headers are too large", e.message) -- (nginx answers its 494 as a 400)
         -- and those nginx answers itself (its HTML pages before)
-        e = expect_error(405, nil, "-X TRACE " .. base .. "/health", true)
-        assert.equal("method not allowed", e.message)
+        -- (a TRACE nginx refuses before any location runs: the path's handler answers it, with
+        -- the Allow header RFC 9110 requires of a 405, which nginx's own left out)
+        local function allowed(args)
+            local head = sh("curl -s -i -m 30 " .. args):match("^(.-)\r\n\r\n")
+            return tonumber(head:match("^HTTP/1%.1 (%d+)")), head:match("\r\n[Aa]llow: ([^\r]*)")
+        end
+        for path, allow in pairs({ ["/health"] = "GET, HEAD", ["/v1/completions?x=1"] = "POST", ["/v1/models"] = "GET, HEAD",
+                                   ["/v1/responses/resp_x"] = "GET, HEAD, DELETE" }) do
+            e = expect_error(405, nil, "-X TRACE '" .. base .. path .. "'", true)
+            assert.truthy(e.message:find("method TRACE is not allowed here", 1, true), e.message)
+            assert.same({ 405, allow }, { allowed("-X TRACE '" .. base .. path .. "'") })
+        end
+        assert.same({ 405, "GET, HEAD" }, { allowed("-X POST -d x " .. base .. "/health") })
+        assert.same({ 405, "POST" }, { allowed(base .. "/v1/completions") })
+        expect_error(404, nil, "-X TRACE " .. base .. "/no/such/path", true)
+        expect_error(404, nil, "-X TRACE " .. base .. "/.tinyloop-error", true)
         local counted = function() return metric(metrics(), 'tinyloop_requests_total{endpoint="/v1/completions",status="501"}') or 0 end
         local before_501 = counted()
         expect_error(501, nil, "-H 'Transfer-Encoding: gzip' -d x " .. base .. "/v1/completions", true)

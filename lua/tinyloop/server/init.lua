@@ -935,6 +935,22 @@ function _M.nginx_error(which)
     return send_uri_error(status, NGINX_ERRORS[which or status] or ("HTTP error " .. status), nil)
 end
 
+-- nginx's own 405 (error_page 405 /.tinyloop-error-405): a TRACE, refused before any location
+-- ran, which nginx answered without the Allow header RFC 9110 requires. The path's own handler
+-- answers it instead, as it answers every other method it does not take (its 405 names what it
+-- allows; a path with no handler, its 404). For a server whose locations are all TinyLoop's
+-- (scripts/serve's): an app's location of its own would answer the TRACE as it answers a GET.
+function _M.method_not_allowed()
+    local path = (ngx.var.request_uri or ""):match("^[^?]*")
+    -- (nginx made the error page's request a GET: the handler is given back the TRACE; the
+    -- error pages themselves are internal, any client's method their 404)
+    if not (ngx.var.request or ""):find("^TRACE ") or path:sub(1, 1) ~= "/" then return _M.nginx_error() end
+    if path:find("^/%.tinyloop%-error") then ngx.status = 404; return _M.nginx_error() end
+    ngx.req.set_method(ngx.HTTP_TRACE)
+    ngx.status = 200 -- (the handler sets its own)
+    return ngx.exec(path)
+end
+
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
 function _M.log()
     -- (nginx's own errors go to /.tinyloop-error*: counted under the path the client asked for,
