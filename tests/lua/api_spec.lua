@@ -109,6 +109,10 @@ describe("tinyloop.load", function()
             assert.truthy(tostring(err):find(case[2], 1, true), tostring(err))
             assert.truthy(tostring(err):find("api_spec.lua", 1, true), "the error points at the caller: " .. tostring(err))
         end
+        -- (1024 itself is in the range: a directory that is not there is then the load's nil, err)
+        local m, err = tinyloop.load(H.TEXTMODEL .. "/no-such-dir", { threads = 1024 })
+        assert.is_nil(m)
+        assert.truthy(err:find("no-such-dir", 1, true), err)
     end)
 
     it("returns nil, err for backend 'cuda' in a build without CUDA", function()

@@ -319,6 +319,10 @@ describe("tinyloop.chat", function()
         local m = H.model() -- (textmodel: its one special token, <|endoftext|>, is H.EOS)
         local EOT, MARK = "<|endoftext|>", "\239\183\144"
         assert.same({ { id = H.EOS, text = EOT } }, m:special_tokens())
+        -- (a copy each call: a caller's edits change neither later calls nor the marking below)
+        local edited = m:special_tokens()
+        edited[1].text, edited[2] = "EDITED", { id = 1, text = "x" }
+        assert.same({ { id = H.EOS, text = EOT } }, m:special_tokens())
         local AS_TEXT = { parse_special = false }
         local function concat_ids(...)
             local out = {}

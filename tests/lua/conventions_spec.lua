@@ -55,6 +55,10 @@ describe("config values that C cannot represent", function()
 
     it("seeds must be integers in [0, 2^53]", function()
         raised({ "'sample_seed' = -1" }, function() m:generate({ 1 }, { sample_seed = -1 }) end)
+        -- (2^53 itself is in the range: taken by every call that takes a seed)
+        assert.truthy(m:generate({ 1 }, { sample_seed = 2 ^ 53, temperature = 1, max_tokens = 2 }))
+        assert.truthy(m:generate_speculative({ 1 }, { seed = 2 ^ 53, temperature = 1, max_tokens = 2, draft_loops = 1, verify_loops = 2 }))
+        raised({ "'sample_seed' = 9.007199254741e+15" }, function() m:generate({ 1 }, { sample_seed = 2 ^ 53 + 2 }) end)
         raised({ "'seed' = 0.5" }, function() m:generate_speculative({ 1 }, { seed = 0.5 }) end)
         -- two names of one seed: one was dropped for the other
         raised({ "'seed' and 'sample_seed' are one setting" },

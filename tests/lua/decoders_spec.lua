@@ -92,6 +92,9 @@ describe("early exit", function()
         assert.is_true(st.loops_used < 8)
         assert.is_true(st.probes > 0)
         assert.equal(11, st.depth_histogram[2])
+        -- (only the depths used are keys: pairs() over it lists no depth of count 0)
+        for depth, count in pairs(st.depth_histogram) do assert.is_true(count > 0, "depth " .. depth) end
+        for depth, count in pairs(full.depth_histogram) do assert.same({ 8, 12 }, { depth, count }) end
         loose.early_exit_logit_margin, loose.early_exit_threshold = 0, 0
         local _, strict = m:generate({ 1, 2 }, loose)
         assert.equal(8, strict.loops_used)

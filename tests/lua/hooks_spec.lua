@@ -314,6 +314,20 @@ describe("a Lua grammar", function()
         for id in m:stream(P, { max_tokens = 10, grammar = fixed({ 120, 121, 122 }) }) do ids[#ids + 1] = id end
         assert.same({ 120, 121, 122 }, ids) -- (and nothing after: the grammar's end ends the stream)
     end)
+
+    it("ends the stream with (-1, text) where it ends without a token while text is held back", function()
+        -- ("b" is held back as the start of the stop string "bz"; the end of text banned, the
+        -- finished grammar is a dead end: no token comes, and the held text is the last pair's)
+        local eos = m:info().eos_token_id
+        local pairs_, texts = {}, {}
+        for id, text in m:stream(P, { max_tokens = 10, grammar = require("tinyloop").grammar.gbnf('root ::= "ab"'),
+                                      stop_strings = { "bz" },
+                                      logits_processor = function(logits) logits[eos] = -math.huge end }) do
+            pairs_[#pairs_ + 1], texts[#texts + 1] = { id, text }, text
+        end
+        assert.same({ -1, "b" }, pairs_[#pairs_])
+        assert.equal("ab", table.concat(texts))
+    end)
 end)
 
 describe("hooks together", function()
