@@ -247,6 +247,24 @@ describe("request.parse's stop", function()
     end)
 end)
 
+describe("request.parse_chat: a chat that fills the context", function()
+    it("refuses a rendered prompt of the whole context (no room for a reply), takes one a token shorter", function()
+        local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local n_ctx = model:info().max_seq_len
+        local function messages(k) return { { role = "user", content = ("a "):rep(k) } } end
+        local function tokens(k) return #model:encode(chat:prompt(messages(k))) end
+        local k = 1
+        while tokens(k) < n_ctx do k = k + 1 end
+        assert.equal(n_ctx, tokens(k), "a chat of exactly the context's tokens") -- (each "a " one token)
+        local req, err = request.parse_chat(cjson.encode({ messages = messages(k) }), model, "tinyloop-austen", 8, chat, {})
+        assert.is_nil(req)
+        assert.same({ "messages", "context_length_exceeded" }, { err.param, err.code })
+        assert.truthy(err.message:find(("the chat template (%d tokens) fills it"):format(n_ctx), 1, true), err.message)
+        req = assert(request.parse_chat(cjson.encode({ messages = messages(k - 1) }), model, "tinyloop-austen", 8, chat, {}))
+        assert.equal(1, req.cfg.max_tokens) -- (max_tokens left out: the one token of room)
+    end)
+end)
+
 describe("request.parse: a prompt that fills the context", function()
     local model = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
     local function ids(n) local t = {} for i = 1, n do t[i] = 1 end return t end

@@ -785,6 +785,14 @@ describe("server", function()
         assert.equal(400, status, body)
         assert.equal("loops", cjson.decode(body).error.param)
         -- refused: out of range, with beams
+        -- (20, the most, is taken: the session's 20 alternatives, by their texts)
+        local most = single({ prompt = "It is", max_tokens = 1, logprobs = 20 })
+        local first = m:session(m:encode("It is"), { max_tokens = 1 })
+        first:step()
+        local texts, keys = { [most.logprobs.tokens[1]] = true }, {}
+        for _, alt in ipairs(select(2, first:logprobs(20))) do texts[m:decode({ alt.id })] = true end
+        for text in pairs(most.logprobs.top_logprobs[1]) do keys[text] = true end
+        assert.same(texts, keys)
         for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "beam_size": 2' }) do
             local st, b = post('{"prompt": "hi", "max_tokens": 2, ' .. bad .. "}")
             assert.equal(400, st, bad)
@@ -818,6 +826,14 @@ describe("server", function()
         end
         assert.equal(echoed.text, streamed_choices(chunks)[1].text)
         assert.equal("length", chunks[#chunks - 1].choices[1].finish_reason)
+        -- continuous_usage_stats without include_usage (vLLM's rule: it needs it) changes
+        -- nothing: the usage in the last chunk alone
+        status, body = post(cjson.encode({ prompt = "It is a truth", max_tokens = 4, ignore_eos = true, stream = true,
+                                           stream_options = { continuous_usage_stats = true } }), "-N")
+        assert.equal(200, status, body)
+        chunks = sse_chunks(body)
+        for i = 1, #chunks - 1 do assert.is_nil(chunks[i].usage, i) end
+        assert.equal(4, chunks[#chunks].usage.completion_tokens)
     end)
 
     it("streams to an HTTP/1.0 client too (its buffered flush read as a client gone)", function()
@@ -1419,6 +1435,7 @@ describe("server", function()
         assert.equal(503, status, body)
         assert.truthy(cjson.decode(body).error.message:find("the request's 2 choices need 2 session places, and 1 of 3 are free", 1, true), body)
         local after = select(2, curl(base .. "/metrics"))
+        assert.equal(metric(before, "tinyloop_rejected_total") + 1, metric(after, "tinyloop_rejected_total"))
         for _, name in ipairs({ "tinyloop_prompt_tokens_total", 'tinyloop_engine_requests_total{worker="0",outcome="cancelled"}' }) do
             assert.equal(metric(before, name), metric(after, name), name)
         end
@@ -1492,6 +1509,45 @@ describe("server", function()
             assert.near(metric(m, "tinyloop_loops_used_sum") / metric(m, "tinyloop_loops_used_count"), metric(m, "tinyloop_loops_used_mean"), 1e-4)
         end
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
+    end)
+
+    it("cancels a queued request whose client leaves: the queued gauge returns to 0, the leaving is counted", function()
+        -- Two slow beams hold the two places (max-active 2), a third request waits in the queue
+        -- (max-queued 1), and its client leaves before it runs.
+        local before = metrics()
+        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 32, ignore_eos = true, loops = 16, beam_size = 32 }))
+        local holders = sh(("curl -s -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!; " ..
+                            "curl -s -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!"):format(slow, base, slow, base))
+        local m
+        for _ = 1, 200 do
+            m = metrics()
+            if metric(m, "tinyloop_sessions_active") == 2 then break end
+            os.execute("sleep 0.02")
+        end
+        local queued = sh(("curl -sN -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!")
+            :format(quote(cjson.encode({ prompt = "It is", max_tokens = 8, stream = true })), base)):gsub("%s+$", "")
+        for _ = 1, 200 do
+            m = metrics()
+            if metric(m, "tinyloop_sessions_queued") == 1 then break end
+            os.execute("sleep 0.02")
+        end
+        assert.same({ 2, 1 }, { metric(m, "tinyloop_sessions_active"), metric(m, "tinyloop_sessions_queued") })
+        os.execute("kill " .. queued)
+        for _ = 1, 200 do
+            m = metrics()
+            if metric(m, "tinyloop_sessions_queued") == 0 then break end
+            os.execute("sleep 0.02")
+        end
+        assert.equal(0, metric(m, "tinyloop_sessions_queued"))
+        assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
+        assert.equal(2, metric(m, "tinyloop_sessions_active")) -- (the beams still run: it left the queue, not a place)
+        os.execute("kill " .. holders:gsub("%s+", " ") .. " 2>/dev/null")
+        for _ = 1, 200 do
+            m = metrics()
+            if metric(m, "tinyloop_sessions_active") == 0 then break end
+            os.execute("sleep 0.02")
+        end
+        assert.same({ 0, 0 }, { metric(m, "tinyloop_sessions_active"), metric(m, "tinyloop_sessions_queued") })
     end)
 
     -- A blocking request whose client leaves once the engine has stepped `rows` session-steps
@@ -2395,6 +2451,8 @@ describe("chat completions", function()
         assert.equal(200, empty_stop, empty_stop_answer)
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
+        local most = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 1, logprobs = true, top_logprobs = 20 })))
+        assert.equal(20, #most.choices[1].logprobs.content[1].top_logprobs)
         refused({ messages = messages, max_tokens = 2, max_completion_tokens = 3 }, "max_completion_tokens", "one setting")
         refused({ messages = messages, max_completion_tokens = 1000 }, "max_completion_tokens", "This model's maximum context length is 256 tokens. However, you requested")
         -- OpenAI's code where there is one (clients' context-window fallbacks read it), else null
