@@ -1,9 +1,11 @@
 /* test_generate.c: the generation state machine (SPEC §3): sampling knobs, stop reasons,
  * hooks, stream/batch/step equivalence, cache window, stats and validation. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "sampler.h"
@@ -1154,6 +1156,76 @@ static void test_validation(void) {
     CHECK(strcmp(tl_stop_reason_name(TL_STOP_GRAMMAR_DEAD_END), "GRAMMAR_DEAD_END") == 0, "reason names");
 }
 
+/* The output buffer's bounds at their edge: one int short of prompt + max_tokens is refused
+   and nothing is written past what was given; exactly that many is taken (tl_generate and
+   tl_generate_batch). */
+static void test_capacity_edges(void) {
+    int32_t prompt[3] = {1, 2, 3}, out[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg); /* 12 tokens: 15 ints a prompt */
+    cfg.ignore_eos = true;
+    int n = 0;
+    for (int i = 0; i < CAP; i++) out[i] = -99;
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, 14, &n, NULL), TL_ERR_INVALID_ARGUMENT, "out_capacity = 14 is too small");
+    CHECK(out[14] == -99, "out[14] written past the 14 given: %d", out[14]);
+    CHECK(tl_generate(model, prompt, 3, &cfg, out, 15, &n, NULL) == TL_OK && n == 15, "capacity 15: %s", tl_last_error());
+    CHECK(out[15] == -99, "out[15] written: %d", out[15]);
+    tl_token_seq prompts[2] = {{prompt, 3}, {prompt, 3}};
+    int lens[2], total = 0;
+    for (int i = 0; i < CAP; i++) out[i] = -99;
+    CHECK_ERROR(tl_generate_batch(model, prompts, 2, &cfg, out, 29, lens, &total, NULL), TL_ERR_INVALID_ARGUMENT,
+                "out_capacity = 29 is too small");
+    CHECK(out[29] == -99, "batch: out[29] written past the 29 given: %d", out[29]);
+    CHECK(tl_generate_batch(model, prompts, 2, &cfg, out, 30, lens, &total, NULL) == TL_OK && total == 30,
+          "batch capacity 30: %s", tl_last_error());
+    CHECK(out[30] == -99, "batch: out[30] written: %d", out[30]);
+}
+
+/* A hook that fails at its `fail_at`-th call (user: its counter). */
+static int fail_later(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    (void)logits; (void)v; (void)tokens; (void)n;
+    int *calls = user;
+    return ++calls[0] == calls[1] ? TL_HOOK_ERROR : 0;
+}
+/* A hook that sleeps 20 ms at every call after the first: the first token comes before any. */
+static int slow_after_first(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    (void)logits; (void)v; (void)tokens; (void)n;
+    if (++*(int *)user > 1) nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+    return 0;
+}
+static double wall_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The stats of a generation its hook failed are filled as far as it went (the caller's
+   struct was left as it was); first_token_ms is the first token's time, not the last's. */
+static void test_stats_edges(void) {
+    int32_t prompt[3] = {1, 2, 3}, out[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.ignore_eos = true;
+    int calls[2] = {0, 3}, n = 0;
+    cfg.logits_processor = fail_later;
+    cfg.logits_processor_user = calls;
+    tl_generate_stats st;
+    memset(&st, 0, sizeof st);
+    st.tokens_emitted = -1;
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, &st), TL_ERR_HOOK, "logits_processor");
+    CHECK(st.tokens_emitted == 2 && st.prompt_tokens == 3, "stats after a failure at the third token: %d emitted, %d prompt",
+          st.tokens_emitted, st.prompt_tokens);
+    int slow_calls = 0;
+    cfg.logits_processor = slow_after_first;
+    cfg.logits_processor_user = &slow_calls;
+    cfg.max_tokens = 5;
+    const double start = wall_ms();
+    CHECK(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, &st) == TL_OK, "%s", tl_last_error());
+    const double total = wall_ms() - start;
+    /* (four sleeps of 20 ms after the first token: at least 80 ms between it and the end) */
+    CHECK(total - st.first_token_ms >= 70.0, "first_token_ms %.1f of %.1f ms: not the first token's", st.first_token_ms, total);
+}
+
 int main(int argc, char **argv) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/add_residual_statenorm_rms_gqa2", argc > 1 ? argv[1] : "tests/data/golden");
@@ -1180,6 +1252,8 @@ int main(int argc, char **argv) {
     test_step_batch_stats();
     test_cache_window();
     test_validation();
+    test_capacity_edges();
+    test_stats_edges();
     tl_model_free(model);
     tl_model_free(model_1thread);
     return check_summary();

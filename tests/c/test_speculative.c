@@ -62,6 +62,16 @@ static void compare(tl_model *m, const int32_t *prompt, int n, int max_tokens, i
     CHECK(st.accepted <= st.drafted && st.verify_steps > 0 && st.gen.tokens_emitted == want_n - n,
           "chain stats: drafted %d accepted %d steps %d emitted %d", st.drafted, st.accepted, st.verify_steps,
           st.gen.tokens_emitted);
+    /* the speculative stats' own fields are gen's, and a chain's rate is accepted / drafted */
+    CHECK(st.drafted == st.gen.drafted && st.accepted == st.gen.accepted && st.verify_steps == st.gen.verify_steps &&
+              st.acceptance_rate == st.gen.acceptance_rate && st.mean_accepted == st.gen.mean_accepted &&
+              st.draft_forwards == st.gen.draft_forwards && st.verify_forwards == st.gen.verify_forwards &&
+              st.draft_ms == st.gen.draft_ms && st.verify_ms == st.gen.verify_ms,
+          "chain: tl_speculative_stats' fields differ from its gen's");
+    CHECK(st.draft_forwards > 0 && st.verify_forwards > 0 && st.verify_ms > 0.0, "chain: forwards %d / %d, verify %.3f ms",
+          st.draft_forwards, st.verify_forwards, st.verify_ms);
+    CHECK(st.drafted > 0 && fabs(st.acceptance_rate - (double)st.accepted / st.drafted) < 1e-12,
+          "chain acceptance_rate %.6f, accepted %d of %d drafted", st.acceptance_rate, st.accepted, st.drafted);
 
     tl_tree_speculative_config tc;
     tl_tree_speculative_config_init(&tc);
