@@ -1272,6 +1272,167 @@ static void memory_accounting(const char *dir) {
     tl_model_get_memory(NULL, NULL); /* a no-op */
 }
 
+/* ---------------------------------------------------------------- the pool's budget and order */
+
+/* A greedy one-token session of p[0..n) on m; returns the prompt tokens it took from the pool. */
+static int pooled_run(tl_model *m, const int32_t *p, int n) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 1;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    if (tl_session_new(m, p, n, &cfg, &s) != TL_OK) { CHECK(0, "session: %s", tl_last_error()); return -1; }
+    const int reused = s->stats.prompt_tokens_reused;
+    CHECK(run(s, 1) == n + 1, "step: %s", tl_last_error());
+    tl_session_free(s);
+    return reused;
+}
+static int64_t pool_bytes(const tl_model *m) {
+    tl_model_memory mem;
+    tl_model_get_memory(m, &mem);
+    return mem.kv_bytes;
+}
+
+/* The pool's budget at its edge (an entry of exactly the budget is kept), its eviction order
+   (the least recently used entry leaves: a take and an offer of rows it holds both count as a
+   use), and no entry kept beside an entry it is a prefix of (the pool holds the longer one). */
+static void prefix_pool_budget_and_order(const char *dir) {
+    enum { ENTRY = 40 };
+    int32_t A[ENTRY], B[ENTRY], C[ENTRY], L[64];
+    for (int i = 0; i < ENTRY; i++) A[i] = 100 + i, B[i] = (300 + 7 * i) % 319, C[i] = (9 + 3 * i) % 319;
+    for (int i = 0; i < 64; i++) L[i] = (50 + 5 * i) % 319;
+    tl_model *m = load(dir);
+    if (!m) { CHECK(0, "load"); return; }
+    tl_model_set_prefix_pool(m, 1 << 30);
+    pooled_run(m, A, ENTRY);
+    const int64_t one = pool_bytes(m);
+    pooled_run(m, B, ENTRY);
+    const int64_t two = pool_bytes(m);
+    CHECK(one > 0 && two == 2 * one, "entries of %lld and %lld bytes", (long long)one, (long long)two);
+    tl_model_free(m);
+    /* a budget of exactly one entry keeps it */
+    m = load(dir);
+    tl_model_set_prefix_pool(m, one);
+    pooled_run(m, A, ENTRY);
+    CHECK(pooled_run(m, A, ENTRY) == ENTRY - 1, "a budget of exactly one entry: the entry was not kept");
+    tl_model_free(m);
+    /* two entries' budget: A, B, then A again (a use), then C evicts B, not A */
+    for (int probe = 0; probe < 2; probe++) {
+        m = load(dir);
+        tl_model_set_prefix_pool(m, two);
+        pooled_run(m, A, ENTRY), pooled_run(m, B, ENTRY), pooled_run(m, A, ENTRY), pooled_run(m, C, ENTRY);
+        const int reused = pooled_run(m, probe ? B : A, ENTRY);
+        CHECK(reused == (probe ? 0 : ENTRY - 1), "after A, B, A, C in a pool of two: %s reused %d", probe ? "B" : "A", reused);
+        tl_model_free(m);
+    }
+    /* a take alone is a use: a session that took A's rows and was freed before its first step */
+    m = load(dir);
+    tl_model_set_prefix_pool(m, two);
+    pooled_run(m, A, ENTRY), pooled_run(m, B, ENTRY);
+    {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 1;
+        tl_session *s = NULL;
+        CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK && s->stats.prompt_tokens_reused == ENTRY - 1, "the take");
+        tl_session_free(s);
+    }
+    pooled_run(m, C, ENTRY);
+    CHECK(pooled_run(m, A, ENTRY) == ENTRY - 1, "a session's take alone did not keep A in the pool");
+    tl_model_free(m);
+    /* an offer of rows the pool holds is a use: a session made before the pool, stepped after */
+    m = load(dir);
+    {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 1;
+        cfg.ignore_eos = 1;
+        tl_session *s = NULL;
+        CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+        tl_model_set_prefix_pool(m, two);
+        pooled_run(m, A, ENTRY), pooled_run(m, B, ENTRY);
+        CHECK(s && run(s, 1) == ENTRY + 1, "step");
+        tl_session_free(s);
+    }
+    pooled_run(m, C, ENTRY);
+    CHECK(pooled_run(m, A, ENTRY) == ENTRY - 1, "an offer of rows the pool held did not keep A in the pool");
+    tl_model_free(m);
+    /* a prefix of an entry is not stored again; an entry extending one replaces it */
+    m = load(dir);
+    tl_model_set_prefix_pool(m, 1 << 30);
+    pooled_run(m, L, 64);
+    const int64_t long_entry = pool_bytes(m);
+    CHECK(pooled_run(m, L, ENTRY) == ENTRY - 1 && pool_bytes(m) == long_entry, "a prefix of the entry: %lld -> %lld bytes",
+          (long long)long_entry, (long long)pool_bytes(m));
+    tl_model_free(m);
+    m = load(dir);
+    tl_model_set_prefix_pool(m, 1 << 30);
+    {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 1;
+        cfg.ignore_eos = 1;
+        tl_session *s = NULL;
+        CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK && run(s, 1) == ENTRY + 1, "A: %s", tl_last_error());
+        int32_t E[ENTRY + 10];
+        memcpy(E, s->tokens, (size_t)(ENTRY + 1) * sizeof *E); /* A, its token, then nine more */
+        for (int i = ENTRY + 1; i < ENTRY + 10; i++) E[i] = (int32_t)(200 + i);
+        tl_session_free(s);
+        const int64_t before = pool_bytes(m);
+        CHECK(pooled_run(m, E, ENTRY + 10) == ENTRY, "the extension reused less than A's rows");
+        /* the pool now holds E's rows alone: as much as a pool that only ever saw E */
+        tl_model *only = load(dir);
+        tl_model_set_prefix_pool(only, 1 << 30);
+        pooled_run(only, E, ENTRY + 10);
+        CHECK(pool_bytes(m) == pool_bytes(only) && pool_bytes(m) > before, "A kept beside its extension: %lld bytes, E alone %lld",
+              (long long)pool_bytes(m), (long long)pool_bytes(only));
+        tl_model_free(only);
+    }
+    tl_model_free(m);
+}
+
+/* ---------------------------------------------------------------- a fork's own rows and clock */
+
+/* A fork reads its own verifier row (the parent stepping on changes nothing of the child's
+   logprobs), and a state saved between the prompt's prefill and its first token, resumed
+   later, does not count the time it waited in first_token_ms. */
+static void forks_own_row_and_clock(const tl_model *m) {
+    int32_t prompt[6] = {10, 20, 30, 40, 50, 60}, token;
+    tl_stop_reason stop;
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 8;
+    tl_session *parent = NULL, *child = NULL;
+    CHECK(tl_session_new(m, prompt, 6, &cfg, &parent) == TL_OK, "%s", tl_last_error());
+    if (!parent) return;
+    for (int i = 0; i < 3; i++) tl_session_step(parent, &token, &stop);
+    float before = 0.0f, child_lp = 1.0f;
+    CHECK(tl_session_logprobs(parent, 0, &before, NULL, NULL) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_session_fork(parent, NULL, &child) == TL_OK, "fork: %s", tl_last_error());
+    tl_session_step(parent, &token, &stop);
+    CHECK(child && tl_session_logprobs(child, 0, &child_lp, NULL, NULL) == TL_OK && child_lp == before,
+          "the child's logprob %.6f after its parent stepped, %.6f before", child_lp, before);
+    tl_session_free(child);
+    tl_session_free(parent);
+
+    tl_session *s = NULL, *resumed = NULL;
+    tl_session_state *state = NULL;
+    CHECK(tl_session_new(m, prompt, 6, &cfg, &s) == TL_OK, "%s", tl_last_error());
+    if (!s) return;
+    CHECK(tl_session_prefill(s, 6, s->logits) == TL_OK, "prefill: %s", tl_last_error()); /* the rows, no token yet */
+    CHECK(tl_session_save(s, &state) == TL_OK, "save: %s", tl_last_error());
+    nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL);
+    CHECK(tl_session_resume(m, state, NULL, &resumed) == TL_OK, "resume: %s", tl_last_error());
+    if (resumed) {
+        tl_session_step(resumed, &token, &stop);
+        CHECK(tl_session_stats(resumed)->first_token_ms < 250.0, "first_token_ms %.1f counts the 300 ms the state waited",
+              tl_session_stats(resumed)->first_token_ms);
+    }
+    tl_session_free(resumed);
+    tl_session_state_free(state);
+    tl_session_free(s);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     tl_model *m = load(dir);
@@ -1295,6 +1456,8 @@ int main(int argc, char **argv) {
     prefix_pool_seeded(huginn);
     reused_pages(dir);
     memory_accounting(dir);
+    prefix_pool_budget_and_order(dir);
+    forks_own_row_and_clock(m);
     tl_model_free(m);
     return check_summary();
 }
