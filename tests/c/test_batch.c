@@ -487,6 +487,51 @@ static void hook_frees_others(const char *golden) {
     tl_model_free(m);
 }
 
+/* Each session of a batch records its rows at its own depth: a loops-1 session stepped beside
+   a deeper one keeps rows of depth 1, which its saved state writes whole and a later loops-1
+   session takes from the prefix pool (rows marked at the batch's deepest loop had no pages
+   there: the state's write failed, and the pool served nothing). */
+static void depths_per_session(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/f16_concat_residual_gqa", golden);
+    tl_model *m = NULL;
+    if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load %s: %s", dir, tl_last_error()); return; }
+    tl_model_set_prefix_pool(m, 1 << 30);
+    const struct tl_model_info *info = tl_model_info(m);
+    int32_t deep_prompt[20], shallow_prompt[20];
+    for (int i = 0; i < 20; i++) deep_prompt[i] = (int32_t)((3 + 5 * i) % info->vocab_size),
+                                 shallow_prompt[i] = (int32_t)((11 + 7 * i) % info->vocab_size);
+    tl_generate_config deep, shallow;
+    tl_generate_config_init(&deep);
+    tl_generate_config_init(&shallow);
+    deep.loops = info->max_loops;
+    shallow.loops = 1;
+    deep.max_tokens = shallow.max_tokens = 6;
+    deep.ignore_eos = shallow.ignore_eos = 1;
+    tl_session *s[2] = {NULL, NULL};
+    CHECK(tl_session_new(m, deep_prompt, 20, &deep, &s[0]) == TL_OK && tl_session_new(m, shallow_prompt, 20, &shallow, &s[1]) == TL_OK,
+          "%s", tl_last_error());
+    int32_t tokens[2];
+    tl_stop_reason stops[2];
+    tl_status statuses[2];
+    for (int i = 0; i < 3 && s[0] && s[1]; i++)
+        CHECK(tl_session_step_batch(s, 2, tokens, stops, statuses) == TL_OK, "step %d: %s", i, tl_last_error());
+    tl_session_state *saved = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    CHECK(s[1] && tl_session_save(s[1], &saved) == TL_OK && tl_session_state_to_bytes(saved, &bytes, &len) == TL_OK,
+          "the loops-1 session's state: %s", tl_last_error());
+    tl_free(bytes);
+    tl_session_state_free(saved);
+    tl_session_free(s[0]);
+    tl_session_free(s[1]);
+    tl_session *again = NULL;
+    CHECK(tl_session_new(m, shallow_prompt, 20, &shallow, &again) == TL_OK && tl_session_stats(again)->prompt_tokens_reused == 19,
+          "a new loops-1 session of the same prompt reused %d of 20 tokens", again ? tl_session_stats(again)->prompt_tokens_reused : -1);
+    tl_session_free(again);
+    tl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *golden = argc > 1 ? argv[1] : "tests/data/golden";
     mixed_batches(golden);
@@ -495,5 +540,6 @@ int main(int argc, char **argv) {
     two_threads(golden);
     bad_calls(golden);
     hook_frees_others(golden);
+    depths_per_session(golden);
     return check_summary();
 }
