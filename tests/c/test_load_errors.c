@@ -789,6 +789,13 @@ static void family_config_rules(void) {
     CHECK_ERROR(load_with_field("tie_word_embeddings", "false"), TL_ERR_FORMAT,
                 "tie_word_embeddings = false and tie_embeddings = true disagree");
     CHECK_ERROR(load_with_field("rope_base", "1e-60"), TL_ERR_FORMAT, "\"rope_base\" = 1e-60 rounds to 0");
+    /* a family's fields at their bounds and types: an id one past the vocabulary, a fraction,
+       a number for a boolean */
+    CHECK_ERROR(load_with_field("eos_token_id", "96"), TL_ERR_FORMAT, "field \"eos_token_id\" = 96 is out of range [0, 95]");
+    CHECK(load_with_field("eos_token_id", "95") == TL_OK, "eos_token_id 95 (the last id): %s", tl_last_error());
+    CHECK_ERROR(load_with_field("eos_token_id", "93.5"), TL_ERR_FORMAT, "field \"eos_token_id\" must be an integer, got 93.5");
+    CHECK_ERROR(load_with_field("bias", "0"), TL_ERR_FORMAT, "field \"bias\" must be true or false, got 0");
+    CHECK_ERROR(load_with_field("qk_bias", "1"), TL_ERR_FORMAT, "field \"qk_bias\" must be true or false, got 1");
     snprintf(source, sizeof source, "%s", golden);
     reset();
 }
