@@ -152,6 +152,52 @@ describe("tinyloop.policy's other rules", function()
     end)
 end)
 
+describe("tinyloop.policy at its bounds and defaults", function()
+    local V = m:info().vocab_size
+    it("refuses ids that are no exact integers (2^53, inf, fractions)", function()
+        for _, id in ipairs({ 2 ^ 53, math.huge, -math.huge, 0.5 }) do
+            assert.has_error(function() policy.ban_tokens({ id }) end)
+        end
+        assert.truthy(policy.ban_tokens({ 0, V - 1 }))
+    end)
+
+    it("repetition: three repeats by default, and a period's first repeat is not a repeat", function()
+        assert.is_false(policy.repetition()({ 1, 2, 2 }, "", 0))
+        assert.is_true(policy.repetition()({ 1, 2, 2, 2 }, "", 0))
+        assert.is_false(policy.repetition({ times = 2, period = 1 })({ 1, 2 }, "", 0))
+        assert.is_true(policy.repetition({ times = 2, period = 1 })({ 1, 2, 2 }, "", 0))
+    end)
+
+    it("no_repeat_ngram bans the token that would repeat the last n-gram, from the first one on", function()
+        local logits = ffi.new("float[8]")
+        policy.no_repeat_ngram(2)(logits, 8, { 5, 5 }) -- (5 5 seen: after 5, a 5 repeats it)
+        assert.equal(-math.huge, logits[5])
+        assert.equal(0, logits[4])
+    end)
+
+    it("ids past the vocabulary are left alone: a ban of id vocab_size or a mask wider than it writes nothing out there", function()
+        local _, st = m:generate({ 1, 2 }, { max_tokens = 3, logits_processor = policy.ban_tokens({ V }) })
+        assert.equal("MAX_TOKENS", st.stop_reason)
+        local wide = policy.mask(V + 8):ban({ V + 1 })
+        _, st = m:generate({ 1, 2 }, { max_tokens = 3, logits_processor = function(logits, n) wide:apply(logits, n) end })
+        assert.equal("MAX_TOKENS", st.stop_reason)
+    end)
+
+    it("pattern refuses more than 32 captures when made, not at its first call", function()
+        assert.has_error(function() policy.pattern(("()"):rep(33)) end)
+        assert.truthy(policy.pattern(("()"):rep(32)))
+    end)
+
+    it("max_wall_time: a fork goes on with its parent's clock (a branch is the same sequence)", function()
+        local s = m:session({ 1, 2, 3 }, { max_tokens = 30, ignore_eos = true, stop_when = policy.max_wall_time(0.05) })
+        s:step()
+        ffi.C.usleep(100000)
+        local fork = s:fork()
+        local _, _, why = fork:step()
+        assert.equal("CALLBACK_ABORT", why) -- (0.1 s past its start: the first step of the fork stops)
+    end)
+end)
+
 describe("tinyloop.script_options.median (the measurement scripts' one median)", function()
     it("takes the middle, the mean of the two middle ones for an even count, and leaves the list as it was", function()
         local median = require("tinyloop.script_options").median
