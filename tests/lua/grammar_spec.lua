@@ -743,6 +743,27 @@ describe("tinyloop.grammar, the paths no test ran", function()
         matches(assert(G.regex("a\\fb\\v")), { "a\fb\v" }, { "afbv" })
         matches(assert(G.gbnf('root ::= "a\\0b"')), { "a\0b" }, { "ab" })
     end)
+    it("a schema table's JSON: names of keywords as property names, big numbers, no holes", function()
+        -- (a property named like a keyword is a name: {} stays a schema, an empty required
+        -- under "properties" a property's own)
+        matches(assert(G.json_schema({ type = "object", properties = { type = {} }, required = { "type" } })),
+                { '{"type":1}', '{"type":"x"}' }, { "{}" })
+        matches(assert(G.json_schema({ type = "object", properties = { properties = { type = "object", required = {} } } })),
+                { '{"properties":{}}', "{}" }, { '{"properties":1}' })
+        assert.equal("1e+20", G.to_json(1e20)) -- (past 2^53: no integer format, which wrapped)
+        assert.equal("-9007199254740991", G.to_json(-(2 ^ 53 - 1)))
+        assert.has_error(function() G.to_json({ 1, 2, [10] = 3 }) end)
+        assert.has_error(function() G.to_json({ 1, [1.5] = 2 }) end)
+        assert.has_error(function() G.token(2 ^ 31) end) -- (an id past an int: refused where it is written)
+        -- a literal's control bytes and NUL written as escapes the GBNF reader takes
+        matches(assert(G.build(G.lit("a\0b"))), { "a\0b" }, { "ab" })
+        matches(assert(G.build(G.lit("a\1b"))), { "a\1b" }, { "ab" })
+    end)
+    it("from_text passes loose on: a pattern the converter cannot enforce is left out, not refused", function()
+        local lookahead = '{"type": "string", "pattern": "^(?!^[-+.]*$)[+-]?0*\\\\d*\\\\.?\\\\d*$"}'
+        assert.is_nil((G.from_text("json_schema", lookahead, false, false)))
+        matches(assert(G.from_text("json_schema", lookahead, false, true)), { '"anything"' }, { "1" })
+    end)
 end)
 
 -- A number's range is exact decimal text (minimum 0.1 takes 0.1, not 0.1000000000000000055...)
