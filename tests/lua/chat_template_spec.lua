@@ -347,6 +347,11 @@ describe("expressions", function()
             .. "{{ 'abc'.startswith(('x', 'a')) }}|{{ 'hello world'.title() }}|{{ 'abc'.find('c') }}|{{ 'abc'.find('z') }}|{{ '-'.join(['x', 'y']) }}")
         renders("1 None 2 ['a', 'b'] [1, 2]", "{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 2) }} {{ d.keys() | list }} {{ d.values() | list }}",
             { d = { a = 1, b = 2 } })
+        -- (their counts' edges, as jinja2 3.1 renders them: a maxsplit of 0, a count of -1,
+        -- lines of a text whose last one has no newline)
+        renders("['a b c']|bbb|['ab', 'c']|['a', 'b c']|bba",
+            "{{ 'a b c'.split(None, 0) }}|{{ 'aaa'.replace('a', 'b', -1) }}|{{ 'ab\nc'.splitlines() }}|"
+            .. "{{ 'a b c'.split(None, 1) }}|{{ 'aaa'.replace('a', 'b', 2) }}")
     end)
 end)
 
