@@ -231,3 +231,39 @@ describe("under a Lua without the FFI", function()
         end
     end)
 end)
+
+describe("the helpers behind the convention (tinyloop.ordered, tinyloop.raise, tinyloop.script_options)", function()
+    it("ordered.pairs walks numbers, then strings, then other kinds by type name, each in its own order", function()
+        local ordered = require "tinyloop.ordered"
+        local keys = {}
+        for k in ordered.pairs({ 10, 20, a = 1, b = 2, [0.5] = 3 }) do keys[#keys + 1] = k end
+        assert.same({ 0.5, 1, 2, "a", "b" }, keys)
+        for _ = 1, 50 do -- (booleans, functions and tables: grouped by their type's name in every walk)
+            local t = { [true] = 1, [false] = 2 }
+            for j = 1, 3 do t[{}], t[function() end] = j, j end
+            local kinds = {}
+            for k in ordered.pairs(t) do kinds[#kinds + 1] = type(k):sub(1, 1) end
+            assert.equal("bbfffttt", table.concat(kinds))
+        end
+    end)
+
+    it("raise.list_length refuses a list with a hole that # passes over, a fractional key beside it", function()
+        local raise = require "tinyloop.raise"
+        local list = { "s1", "s2", "s3", "s4" }
+        list[2], list[2.5] = nil, "b"
+        assert.equal(4, #list) -- (# ends past the hole: four keys in all)
+        assert.has_error(function() raise.list_length(list, "strings", error) end, "strings must be a list (1..n, no holes)")
+        assert.equal(3, raise.list_length({ "a", "b", "c" }, "strings", error))
+    end)
+
+    it("script_options refuses an option given last without its value: usage, exit status 2", function()
+        local script = "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; " ..
+            "local so = require 'tinyloop.script_options'; " ..
+            "local opt = so.parse({ '--out' }, { name = 'x.lua', summary = 's', { 'out', 'build/x', 'output directory' } }); " ..
+            "print('parsed', opt.out)"
+        local out = H.sh("cd " .. H.q(H.ROOT) .. " && luajit -e " .. H.q(script) .. " 2>&1; echo status=$?")
+        assert.truthy(out:find("option --out needs a value", 1, true), out)
+        assert.truthy(out:find("status=2", 1, true), out)
+        assert.falsy(out:find("parsed", 1, true), out)
+    end)
+end)

@@ -137,6 +137,16 @@ describe("tinyloop.pause", function()
         assert.equal("[1, 2]", json_text.member(first, { "last" }))
     end)
 
+    it("counts EVERY points from its install: points made before it do not bring the first clock read forward", function()
+        for _ = 1, 10 do pause.point() end -- (nothing installed: counted)
+        local reads = 0
+        pause.install({ busy = function() reads = reads + 1 return 0 end, slice = 1, give_back = function() end })
+        for _ = 1, pause.EVERY - 1 do pause.point() end
+        assert.equal(0, reads)
+        pause.point()
+        assert.equal(1, reads)
+    end)
+
     it("refuses an install without its three parts", function()
         assert.has_error(function() pause.install({ busy = function() return 0 end, slice = 0 }) end)
         assert.has_error(function() pause.install({ busy = 1, slice = 0.005, give_back = function() end }) end)
