@@ -5664,13 +5664,30 @@ describe("scripts/serve options", function()
                                   ["--prefix /dev/null"] = "--prefix /dev/null: cannot make a writable directory there",
                                   ["--port 0"] = "serve: --port 0 is not in [1, 65535]",
                                   ["--port 70000"] = "serve: --port 70000 is not in [1, 65535]",
-                                  ["--engine-nice 20"] = "serve: --engine-nice must be at most 19, got 20" }) do
-            out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
+                                  ["--engine-nice 20"] = "serve: --engine-nice must be at most 19, got 20",
+                                  -- (each bound one past: nginx's own failure, a size past 8 digits, a leading zero)
+                                  ["--port 65536"] = "serve: --port 65536 is not in [1, 65535]",
+                                  ["--max-body 1000000000"] = "--max-body must be a non-negative integer, got '1000000000'",
+                                  ["--step-rows 016"] = "--step-rows must be a non-negative integer, got '016'" }) do
+            -- (under timeout: a check that let the value through would serve, on 8080, for good)
+            out = sh("TMPDIR=" .. dir .. " timeout 20 scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)
             assert.is_nil(out:find("unbound", 1, true), out)
         end
         assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
+    end)
+
+    it("takes each bound at the bound: --engine-nice 19, a thread pool of 4096, an --option=value whose value holds =", function()
+        local odd = H.ROOT .. "/build/serve-m=odel" -- (where nginx's workers may enter: the temp dir is closed)
+        os.execute("rm -f " .. H.q(odd) .. " && ln -s " .. H.q(H.ROOT .. "/models/tinyloop-austen") .. " " .. H.q(odd))
+        -- (8 + 4078 + 2 places and jobs, and 8 of its own: 4096 threads)
+        with_serve("bounds", "--threads 1 --engine-nice 19 --max-active 8 --max-queued 4078 --embed-jobs 2 --prefix-pool-mb 0 " ..
+                             "--model=" .. H.q(odd), function(url)
+            local status, body = curl("-d '{\"prompt\": \"hi\", \"max_tokens\": 2}' " .. url .. "/v1/completions")
+            assert.equal(200, status, body)
+        end)
+        os.remove(odd)
     end)
 
     it("says so where it cannot write nginx's config (a full disk: sed's message and exit 4 alone)", function()
