@@ -3661,6 +3661,29 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         local status, body = post_to("/completions", { prompt = "It is", n_predict = 2, temperature = 0 })
         assert.equal(200, status, body)
         assert.equal(2, cjson.decode(body).tokens_predicted)
+        -- a generation ended by the end of text is an "eos" stop (a null stop_reason was read
+        -- as a stop word)
+        local eot = cjson.decode(select(2, post_to("/tokenize", { content = "<|endoftext|>", parse_special = true }))).tokens[1]
+        status, body = post_to("/completion", { prompt = "It is", n_predict = 5, logit_bias = { { eot, 100 } } })
+        assert.equal(200, status, body)
+        assert.equal("eos", cjson.decode(body).stop_type)
+        -- a repeat_last_n of 2^53 is past the integers a double holds exactly: refused, here and
+        -- in Ollama's options
+        status, body = post_to("/completion", '{"prompt": "It is", "n_predict": 2, "repeat_last_n": 9007199254740992}')
+        assert.equal(400, status, body)
+        status, body = post_to("/api/generate", '{"prompt": "It is", "stream": false, "options": {"num_predict": 2, ' ..
+                                                '"repeat_last_n": 9007199254740992}}')
+        assert.equal(400, status, body)
+        -- n_predict 0 on OpenAI's endpoints (llama.cpp's name of max_tokens there) is 0 tokens
+        status, body = post_to("/v1/completions", { prompt = "It is a truth", n_predict = 0 })
+        assert.equal(200, status, body)
+        assert.equal(0, cjson.decode(body).usage.completion_tokens)
+        -- llama.cpp's /embedding of more contents than a slice of the pool's work: indices in order
+        local contents = {}
+        for i = 1, 18 do contents[i] = "word " .. i end
+        status, body = post_to("/embedding", { content = contents })
+        assert.equal(200, status, body)
+        for i, item in ipairs(cjson.decode(body)) do assert.equal(i - 1, item.index) end
         for _, case in ipairs({ { "", "/completion", 405 }, { "-X POST -d '{}' ", "/props", 405 } }) do
             local status, body = curl(case[1] .. base .. case[2])
             assert.equal(case[3], status, body)
@@ -4900,6 +4923,12 @@ describe("server with two workers", function()
             answers[#answers + 1] = table.concat(content)
         end
         assert.equal(answers[1], answers[2])
+        -- (the largest budget, a C int's, is taken: no budget in practice, the free reply)
+        req.stream, req.thinking_budget = nil, 2147483647
+        local most_status, most = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                                       base2 .. "/v1/chat/completions")
+        assert.equal(200, most_status, most)
+        assert.same(free, cjson.decode(most).choices[1].token_ids)
         -- Anthropic's budget_tokens is the same budget
         local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
             system = " Be brief. ", messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 16,
