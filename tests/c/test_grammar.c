@@ -2121,6 +2121,109 @@ static void test_masks_gpt2(tl_tlz_tokenizer *tok, size_t budget) {
     tl_compiled_grammar_free(g);
 }
 
+/* ---------------------------------------------------------------- edges a mutation round found untested */
+
+/* Each limit of the tag and trigger grammars at the limit (taken) and one past (refused); a
+   trigger that completes as a suffix of another's prefix fires; GBNF text at its edges (the
+   last code point in a negated class, a surrogate pair that is not one, an error's column
+   after a two-byte character, a NUL in the text); a matcher's mask of another vocabulary size
+   refused; a negated reference to the end of text usable with the model; a one-token stop
+   sequence of ordinary text not taken for an end of the grammar. */
+static void test_edges(tl_model *m) {
+    tl_compiled_grammar *x = compile("root ::= \"x\"");
+    if (!x) return;
+    tl_compiled_grammar *g = NULL;
+    const char *suffix_triggers[] = {"abc", "b"};
+    tl_grammar_tag suffix_tags[] = {{"b", x, "", 0}, {"abc", x, "", 0}};
+    CHECK(tl_grammar_compile_tags(suffix_tags, 2, suffix_triggers, 2, NULL, &g) == TL_OK, "%s", tl_last_error());
+    if (g) {
+        CHECK(matches(g, "aby") == 0 && matches(g, "abx") == 1, "at \"ab\" the trigger \"b\" fires: aby %d, abx %d",
+              matches(g, "aby"), matches(g, "abx"));
+        tl_compiled_grammar_free(g), g = NULL;
+    }
+    const char *trigger[] = {"<t>"};
+    tl_grammar_tag tag[] = {{"<t>", x, "</t>", 0}};
+    for (int field = 0; field < 3; field++) {
+        tl_grammar_tags_options o = {0, 0, 0};
+        if (field == 0) o.at_least_one = 2;
+        if (field == 1) o.tag_first = 2;
+        if (field == 2) o.max_blanks = 17;
+        CHECK_ERROR(tl_grammar_compile_tags(tag, 1, trigger, 1, &o, &g), TL_ERR_INVALID_ARGUMENT, field == 0 ? "at_least_one" :
+                    field == 1 ? "tag_first" : "max_blanks");
+    }
+    tl_grammar_tags_options most = {16, 1, 1};
+    CHECK(tl_grammar_compile_tags(tag, 1, trigger, 1, &most, &g) == TL_OK, "max_blanks 16: %s", tl_last_error());
+    tl_compiled_grammar_free(g), g = NULL;
+    static char long_text[4098];
+    memset(long_text, 'e', 4097);
+    tl_grammar_tag long_end[] = {{"<t>", x, long_text, 0}};
+    CHECK_ERROR(tl_grammar_compile_tags(long_end, 1, trigger, 1, NULL, &g), TL_ERR_INVALID_ARGUMENT, "end");
+    long_text[4096] = 0;
+    CHECK(tl_grammar_compile_tags(long_end, 1, trigger, 1, NULL, &g) == TL_OK, "an end of 4096 bytes: %s", tl_last_error());
+    tl_compiled_grammar_free(g), g = NULL;
+    memset(long_text, 'q', 257);
+    long_text[257] = 0;
+    CHECK_ERROR(tl_grammar_compile_after(x, long_text, 257, 0, &g), TL_ERR_INVALID_ARGUMENT, "trigger");
+    CHECK(tl_grammar_compile_after(x, long_text, 256, 16, &g) == TL_OK, "a trigger of 256 bytes: %s", tl_last_error());
+    tl_compiled_grammar_free(g), g = NULL;
+    CHECK_ERROR(tl_grammar_compile_after(x, "<t>", 3, 17, &g), TL_ERR_INVALID_ARGUMENT, "max_blanks");
+
+    /* GBNF text */
+    g = compile("root ::= [^\\x00-\\U0010FFFE]");
+    if (g) CHECK(matches(g, "\xf4\x8f\xbf\xbf") == 1 && matches(g, "\xf4\x8f\xbf\xbe") == 0, "U+10FFFF in a negated class");
+    tl_compiled_grammar_free(g), g = NULL;
+    const char *not_a_pair = "root ::= \"\\uD800\\uE000\"";
+    CHECK_ERROR(tl_grammar_compile_gbnf(not_a_pair, strlen(not_a_pair), &g), TL_ERR_INVALID_ARGUMENT, "surrogate");
+    const char *after_two_bytes = "root ::= \"\xc3\xa9\" @";
+    CHECK_ERROR(tl_grammar_compile_gbnf(after_two_bytes, strlen(after_two_bytes), &g), TL_ERR_INVALID_ARGUMENT, "column 14");
+    const char with_nul[] = "root ::= \"a\0b\"";
+    CHECK_ERROR(tl_grammar_compile_gbnf(with_nul, sizeof with_nul - 1, &g), TL_ERR_INVALID_ARGUMENT, "NUL byte");
+
+    /* with the model */
+    tl_grammar_matcher *mt = NULL;
+    g = compile("root ::= !<|endoftext|> \"a\"");
+    CHECK(g && tl_grammar_matcher_new(g, m, &mt) == TL_OK, "a negated end-of-text reference: %s", tl_last_error());
+    const int vocab = tl_model_info(m)->vocab_size;
+    uint8_t *allowed = calloc((size_t)vocab, 1);
+    int count = -1;
+    if (mt && allowed) {
+        CHECK(tl_grammar_matcher_mask(mt, allowed, vocab, &count) == TL_OK && count > 0 &&
+                  !allowed[tl_model_info(m)->eos_token_id], "its first mask: %d allowed, the end of text among them: %d", count,
+              allowed[tl_model_info(m)->eos_token_id]);
+        CHECK_ERROR(tl_grammar_matcher_mask(mt, allowed, vocab - 1, &count), TL_ERR_INVALID_ARGUMENT, "vocab_size");
+    }
+    free(allowed);
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g), g = NULL;
+    int32_t *dot = NULL, *prompt = NULL;
+    int n_dot = 0, n_prompt = 0;
+    g = compile("root ::= \"yes\"");
+    if (g && tl_encode(m, ".", 1, &dot, &n_dot) == TL_OK && n_dot == 1 && tl_encode(m, "Say yes", 7, &prompt, &n_prompt) == TL_OK) {
+        tl_grammar use;
+        tl_grammar_use(&use, g);
+        tl_token_seq stop = {dot, 1};
+        tl_logit_bias bias = {dot[0], 100.0f};
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 8;
+        cfg.grammar = &use;
+        cfg.stop_sequences = &stop;
+        cfg.n_stop_sequences = 1;
+        cfg.logit_bias = &bias;
+        cfg.n_logit_bias = 1;
+        int32_t out[64];
+        int len = 0;
+        tl_generate_stats st;
+        CHECK(tl_generate(m, prompt, n_prompt, &cfg, out, 64, &len, &st) == TL_OK, "%s", tl_last_error());
+        CHECK(st.stop_reason == TL_STOP_EOS && out[len - 1] != dot[0], "a text stop token where only the end may follow: "
+              "stopped by %s at %d", tl_stop_reason_name(st.stop_reason), out[len - 1]);
+    } else CHECK(0, "encode: %s", tl_last_error());
+    tl_free(dot);
+    tl_free(prompt);
+    tl_compiled_grammar_free(g);
+    tl_compiled_grammar_free(x);
+}
+
 int main(int argc, char **argv) {
     root_dir = argc > 1 ? argv[1] : ".";
     test_parse_errors();
@@ -2152,6 +2255,7 @@ int main(int argc, char **argv) {
         test_too_costly(m);
         test_after(m);
         test_tags(m);
+        test_edges(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
     test_outlives_model(dir);
