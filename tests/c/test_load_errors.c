@@ -278,6 +278,13 @@ static void api_errors(void) {
     tl_load_options_init(&o);
     o.n_threads = -2;
     CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "n_threads = -2");
+    o.n_threads = TL_MAX_THREADS + 1;
+    CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "n_threads = 1025");
+    o.n_threads = TL_MAX_THREADS; /* (the most is taken) */
+    CHECK(tl_model_load(work, &o, &m) == TL_OK && tl_model_info(m)->n_threads == TL_MAX_THREADS, "n_threads = %d: %s",
+          TL_MAX_THREADS, tl_last_error());
+    tl_model_free(m);
+    m = NULL;
     tl_load_options_init(&o);
     o.mmap_weights = 2;
     CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "load options: mmap_weights = 2 must be 0 or 1");

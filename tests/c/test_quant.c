@@ -784,6 +784,27 @@ static void activation_groups(void) {
     }
 }
 
+/* A quantised copy has the parameters of its parent: two 4-bit weights a stored byte, and the
+   scales no parameters of their own. */
+static void same_params(const char *golden, const char *name) {
+    char parent_dir[4096], dir[4096];
+    snprintf(parent_dir, sizeof parent_dir, "%s/%s", golden, name);
+    tl_model *parent = NULL;
+    if (tl_model_load(parent_dir, NULL, &parent) != TL_OK) { CHECK(0, "%s: %s", parent_dir, tl_last_error()); return; }
+    for (int q = 0; q < 2; q++) {
+        const char *root = quantised_copy(golden, name, q ? TL_Q8 : TL_Q4);
+        if (!root) { CHECK(0, "%s: quantise", name); continue; }
+        snprintf(dir, sizeof dir, "%s/%s", root, name);
+        tl_model *m = NULL;
+        CHECK(tl_model_load(dir, NULL, &m) == TL_OK, "%s: %s", dir, tl_last_error());
+        if (m)
+            CHECK(tl_model_info(m)->n_params == tl_model_info(parent)->n_params, "%s (%s): %lld parameters, its parent %lld", dir,
+                  q ? "q8" : "q4", (long long)tl_model_info(m)->n_params, (long long)tl_model_info(parent)->n_params);
+        tl_model_free(m);
+    }
+    tl_model_free(parent);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: test_quant GOLDEN_DIR SHIPPED_MODEL_DIR\n");
@@ -795,6 +816,7 @@ int main(int argc, char **argv) {
     weighted_groups(argv[2]);
     round_trip(argv[1], "gpt2_like");
     round_trip(argv[1], "llama_like");
+    same_params(argv[1], "llama_like");
     threads_alike(argv[2]); /* after round_trip: quantised_root exists */
     refusals(argv[1]);      /* after round_trip: its q4 copy is an input already quantised */
     pure_q4(argv[1]);
