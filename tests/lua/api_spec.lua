@@ -22,6 +22,25 @@ describe("tinyloop.load", function()
         assert.is_table(assert(tinyloop.load(H.TEXTMODEL)))
     end)
 
+    it("maps the weights with mmap_weights (no anonymous copy), copies them without #rss", function()
+        local function anon_kb()
+            local f = assert(io.open("/proc/self/status"))
+            local kb = tonumber(f:read("*a"):match("RssAnon:%s*(%d+)"))
+            f:close()
+            return kb
+        end
+        local grew = {}
+        for _, mapped in ipairs({ true, false }) do
+            H.full_gc()
+            local before = anon_kb()
+            local m = assert(tinyloop.load(H.ROOT .. "/models/tinyloop-austen", { threads = 1, mmap_weights = mapped }))
+            grew[mapped] = { anon_kb() - before, m:info().weight_bytes / 1024 }
+            m:close()
+        end
+        assert.is_true(grew[true][1] < grew[true][2] / 4, ("mapped: %d KiB anonymous for %d KiB of weights"):format(grew[true][1], grew[true][2]))
+        assert.is_true(grew[false][1] > grew[false][2] / 2, ("copied: %d KiB anonymous for %d KiB of weights"):format(grew[false][1], grew[false][2]))
+    end)
+
     it("keeps an f16 KV cache with kv_type = \"f16\": same greedy text here, close logits, not f32's bits", function()
         local exact = assert(tinyloop.load(H.TEXTMODEL, { threads = 1, kv_type = "f32" }))
         local half = assert(tinyloop.load(H.TEXTMODEL, { threads = 1, kv_type = "f16" }))
