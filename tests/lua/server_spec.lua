@@ -4566,6 +4566,7 @@ describe("server with two workers", function()
             send("/v1/chat/completions", { messages = ask, max_tokens = 3, stream = true }, "chat.out")
             send("/v1/messages", { messages = ask, max_tokens = 3, stream = true }, "messages.out")
             send("/v1/responses", { input = "Who is Emma?", max_output_tokens = 3, stream = true }, "responses.out")
+            send("/api/generate", { prompt = "Who is Emma?", stream = true, options = { num_predict = 3 } }, "ollama.out")
             local signs = until_true(function()
                 return cat("chat.out"):find("\n: keep-alive\n", 1, true) and cat("messages.out"):find("event: ping", 1, true)
                     and select(2, cat("responses.out"):gsub("event: response.in_progress", "")) >= 2
@@ -4605,6 +4606,20 @@ describe("server with two workers", function()
             assert.truthy(created and delta and created < delta, responses)
             assert.truthy(select(2, responses:sub(1, delta):gsub("event: response.in_progress", "")) >= 2, responses)
             assert.is_nil(responses:find("\n: keep-alive\n", 1, true), responses)
+            -- Ollama's NDJSON: no comments (a line that is not JSON breaks its clients), JSON lines
+            -- to the last one's done
+            local ollama
+            for _ = 1, 600 do
+                ollama = cat("ollama.out")
+                if ollama:find('"done":true', 1, true) then break end
+                os.execute("sleep 0.05")
+            end
+            local lines = 0
+            for line in ollama:gmatch("[^\n]+") do
+                lines = lines + 1
+                assert.truthy(pcall(cjson.decode, line), line)
+            end
+            assert.truthy(lines >= 2 and ollama:find('"done":true', 1, true), ollama)
             local sequence = -1
             for n in responses:gmatch('"sequence_number":(%d+)') do
                 assert.equal(sequence + 1, tonumber(n))
