@@ -1512,42 +1512,32 @@ describe("server", function()
     end)
 
     it("cancels a queued request whose client leaves: the queued gauge returns to 0, the leaving is counted", function()
-        -- Two slow beams hold the two places (max-active 2), a third request waits in the queue
-        -- (max-queued 1), and its client leaves before it runs.
+        -- Two slow beams hold the two places (max-active 2; 100 tokens of 32 beams at 16 loops,
+        -- killed once done with), a third request waits in the queue (max-queued 1), and its
+        -- client leaves before it runs.
         local before = metrics()
-        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 32, ignore_eos = true, loops = 16, beam_size = 32 }))
+        local m
+        local function await(gauges) -- /metrics once its active and queued sessions are these (or 4 s on)
+            for _ = 1, 200 do
+                m = metrics()
+                if metric(m, "tinyloop_sessions_active") == gauges[1] and metric(m, "tinyloop_sessions_queued") == gauges[2] then break end
+                os.execute("sleep 0.02")
+            end
+            return { metric(m, "tinyloop_sessions_active"), metric(m, "tinyloop_sessions_queued") }
+        end
+        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 100, ignore_eos = true, loops = 16, beam_size = 32 }))
         local holders = sh(("curl -s -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!; " ..
                             "curl -s -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!"):format(slow, base, slow, base))
-        local m
-        for _ = 1, 200 do
-            m = metrics()
-            if metric(m, "tinyloop_sessions_active") == 2 then break end
-            os.execute("sleep 0.02")
-        end
+        assert.same({ 2, 0 }, await({ 2, 0 }))
         local queued = sh(("curl -sN -m 60 -o /dev/null -d %s %s/v1/completions > /dev/null 2>&1 & echo $!")
             :format(quote(cjson.encode({ prompt = "It is", max_tokens = 8, stream = true })), base)):gsub("%s+$", "")
-        for _ = 1, 200 do
-            m = metrics()
-            if metric(m, "tinyloop_sessions_queued") == 1 then break end
-            os.execute("sleep 0.02")
-        end
-        assert.same({ 2, 1 }, { metric(m, "tinyloop_sessions_active"), metric(m, "tinyloop_sessions_queued") })
+        assert.same({ 2, 1 }, await({ 2, 1 }))
         os.execute("kill " .. queued)
-        for _ = 1, 200 do
-            m = metrics()
-            if metric(m, "tinyloop_sessions_queued") == 0 then break end
-            os.execute("sleep 0.02")
-        end
-        assert.equal(0, metric(m, "tinyloop_sessions_queued"))
+        -- (the beams still run: it left the queue, not a place)
+        assert.same({ 2, 0 }, await({ 2, 0 }))
         assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
-        assert.equal(2, metric(m, "tinyloop_sessions_active")) -- (the beams still run: it left the queue, not a place)
         os.execute("kill " .. holders:gsub("%s+", " ") .. " 2>/dev/null")
-        for _ = 1, 200 do
-            m = metrics()
-            if metric(m, "tinyloop_sessions_active") == 0 then break end
-            os.execute("sleep 0.02")
-        end
-        assert.same({ 0, 0 }, { metric(m, "tinyloop_sessions_active"), metric(m, "tinyloop_sessions_queued") })
+        assert.same({ 0, 0 }, await({ 0, 0 }))
     end)
 
     -- A blocking request whose client leaves once the engine has stepped `rows` session-steps
