@@ -948,7 +948,14 @@ function _M.method_not_allowed()
     if path:find("^/%.tinyloop%-error") then ngx.status = 404; return _M.nginx_error() end
     ngx.req.set_method(ngx.HTTP_TRACE)
     ngx.status = 200 -- (the handler sets its own)
-    return ngx.exec(path)
+    -- (slashes merged, as nginx's routing merged them; a path ngx.exec refuses, such as an
+    -- encoded "..", keeps nginx's 405: it raised, a 500)
+    local ok = pcall(ngx.exec, (path:gsub("//+", "/")))
+    if not ok then
+        ngx.req.set_method(ngx.HTTP_GET)
+        ngx.status = 405
+        return _M.nginx_error()
+    end
 end
 
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
