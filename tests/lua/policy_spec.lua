@@ -183,6 +183,19 @@ describe("tinyloop.policy at its bounds and defaults", function()
         assert.equal("MAX_TOKENS", st.stop_reason)
     end)
 
+    it("no_repeat_ngram leaves ids past the vocabulary alone; min_tokens counts from a prompt length given", function()
+        local logits = ffi.new("float[8]")
+        policy.no_repeat_ngram(1)(logits, 4, { 6 }) -- (a direct call: id 6 of a vocabulary of 4)
+        assert.equal(0, logits[6])
+        -- (called first without the prompt's length, then with it: the length given wins over
+        -- the one remembered, 4 tokens past a prompt of 0 are past min_new 3)
+        local rule, eos_logits, tokens = policy.min_tokens(3, 0), ffi.new("float[4]"), { 1, 2 }
+        rule(eos_logits, 4, tokens)
+        eos_logits[0], tokens[3], tokens[4] = 0, 1, 2
+        rule(eos_logits, 4, tokens, 0)
+        assert.equal(0, eos_logits[0])
+    end)
+
     it("pattern refuses more than 32 captures when made, not at its first call", function()
         assert.has_error(function() policy.pattern(("()"):rep(33)) end)
         assert.truthy(policy.pattern(("()"):rep(32)))

@@ -2675,7 +2675,10 @@ describe("responses (OpenAI's Responses API)", function()
         local added, pieces, done
         for _, e in ipairs(events) do
             if e.type == "response.output_item.added" then added = e.item end
-            if e.type == "response.function_call_arguments.delta" then pieces = (pieces or "") .. e.delta end
+            if e.type == "response.function_call_arguments.delta" then
+                assert.are_not.equal("", e.delta) -- (no empty piece)
+                pieces = (pieces or "") .. e.delta
+            end
             if e.type == "response.function_call_arguments.done" then done = e end
         end
         assert.same({ "function_call", "weather", "" }, { added.type, added.name, added.arguments })
@@ -3064,6 +3067,7 @@ describe("messages (Anthropic's Messages API)", function()
             if e.type == "content_block_start" then started = e.content_block end
             if e.type == "content_block_delta" then
                 assert.equal("input_json_delta", e.delta.type)
+                assert.are_not.equal("", e.delta.partial_json) -- (no empty piece)
                 json[#json + 1] = e.delta.partial_json
             end
             if e.type == "message_delta" then stop_reason = e.delta.stop_reason end
