@@ -1072,10 +1072,9 @@ int main(int argc, char **argv) {
         tl_generate_config_init(&two);
         two.max_tokens = 2;
         two.ignore_eos = 1;
-        tl_session *session = NULL;
+        tl_session *session = new_session_n(long_prompt, 40, &two);
         uint64_t id = 0;
-        CHECK(tl_session_new(model, long_prompt, 40, &two, &session) == TL_OK && tl_engine_submit(one_row, session, &id) == TL_OK,
-              "%s", tl_last_error());
+        CHECK(session && tl_engine_submit(one_row, session, &id) == TL_OK, "%s", tl_last_error());
         tl_engine_update last;
         CHECK(read_to_end(one_row, id, &last) == 2 && last.state == TL_ENGINE_FINISHED, "2 tokens");
         tl_engine_counters cc;

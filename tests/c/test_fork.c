@@ -1274,12 +1274,18 @@ static void memory_accounting(const char *dir) {
 
 /* ---------------------------------------------------------------- the pool's budget and order */
 
-/* A greedy one-token session of p[0..n) on m; returns the prompt tokens it took from the pool. */
-static int pooled_run(tl_model *m, const int32_t *p, int n) {
+/* Greedy, one token, whatever it is: the sessions of the pool's tests below. */
+static tl_generate_config one_token(void) {
     tl_generate_config cfg;
     tl_generate_config_init(&cfg);
     cfg.max_tokens = 1;
     cfg.ignore_eos = 1;
+    return cfg;
+}
+
+/* A one_token session of p[0..n) on m; returns the prompt tokens it took from the pool. */
+static int pooled_run(tl_model *m, const int32_t *p, int n) {
+    const tl_generate_config cfg = one_token();
     tl_session *s = NULL;
     if (tl_session_new(m, p, n, &cfg, &s) != TL_OK) { CHECK(0, "session: %s", tl_last_error()); return -1; }
     const int reused = s->stats.prompt_tokens_reused;
@@ -1330,9 +1336,7 @@ static void prefix_pool_budget_and_order(const char *dir) {
     tl_model_set_prefix_pool(m, two);
     pooled_run(m, A, ENTRY), pooled_run(m, B, ENTRY);
     {
-        tl_generate_config cfg;
-        tl_generate_config_init(&cfg);
-        cfg.max_tokens = 1;
+        const tl_generate_config cfg = one_token();
         tl_session *s = NULL;
         CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK && s->stats.prompt_tokens_reused == ENTRY - 1, "the take");
         tl_session_free(s);
@@ -1343,10 +1347,7 @@ static void prefix_pool_budget_and_order(const char *dir) {
     /* an offer of rows the pool holds is a use: a session made before the pool, stepped after */
     m = load(dir);
     {
-        tl_generate_config cfg;
-        tl_generate_config_init(&cfg);
-        cfg.max_tokens = 1;
-        cfg.ignore_eos = 1;
+        const tl_generate_config cfg = one_token();
         tl_session *s = NULL;
         CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
         tl_model_set_prefix_pool(m, two);
@@ -1368,10 +1369,7 @@ static void prefix_pool_budget_and_order(const char *dir) {
     m = load(dir);
     tl_model_set_prefix_pool(m, 1 << 30);
     {
-        tl_generate_config cfg;
-        tl_generate_config_init(&cfg);
-        cfg.max_tokens = 1;
-        cfg.ignore_eos = 1;
+        const tl_generate_config cfg = one_token();
         tl_session *s = NULL;
         CHECK(tl_session_new(m, A, ENTRY, &cfg, &s) == TL_OK && run(s, 1) == ENTRY + 1, "A: %s", tl_last_error());
         int32_t E[ENTRY + 10];
